@@ -1,0 +1,661 @@
+"""``duplex trace report TRACE [--png-dir DIR]``: where did each millisecond go.
+
+Reads a trace (JSONL event log, tracer spill file or Perfetto JSON; see
+:func:`agent.trace_export.load_events`) and prints:
+
+1. **A per-turn table.**  Milestones, in causal order::
+
+       turn.user_speech_end → turn.endpoint → asr.final → llm.first_token
+       → tts.first_chunk → transport.send_audio (first) → client.playout_start
+
+   Each column is the difference between consecutive milestones:
+
+   ============== ===========================================================
+   endpoint wait  user_speech_end → endpoint (end-of-turn decision)
+   ASR final lag  endpoint → asr.final
+   LLM TTFT       asr.final → llm.first_token
+   TTS first      llm.first_token → tts.first_chunk
+   transport      tts.first_chunk → first transport.send_audio
+   client playout first send_audio → client.playout_start (page clock,
+                  aligned to the server clock)
+   total          user_speech_end → last milestone present
+   ============== ===========================================================
+
+   Each milestone is clamped to be >= the previous one (speculation can start
+   the LLM before the endpoint; that stage then shows 0 ms), so the columns
+   sum to the total exactly.  A missing milestone leaves its column empty and
+   the next column is measured from the last milestone present.  The reply
+   that was actually played is chosen backwards from the first
+   ``send_audio``: the last ``tts.first_chunk`` before it, the last
+   ``llm.first_token`` before that (events sharing the send's ``flow`` id are
+   preferred), so cancelled speculative branches do not count.  ``server`` is
+   the total up to the first send (voice-to-voice on the server);
+   ``mouth→ear`` is the total up to the client's playout start.
+
+2. **p50 / p90 / p99** of every column over turns.
+
+3. **Per-stage RTF and a verdict** for the model stages (asr, llm, tts):
+
+   * *busy* = union of the stage's spans; for ``llm``/``tts`` without spans,
+     request → done/cancel intervals are used instead;
+   * *window* = per turn, first → last event of the stage (the wall time the
+     stage covered);
+   * *RTF* = busy / audio seconds covered (``audio_s=`` on events/spans, or
+     ``samples`` / ``sample_rate`` on tts chunks); when no audio length is
+     recorded, busy / window ("wall RTF");
+   * verdict, first rule that matches:
+
+     1. the stage ran on the GPU (``device="cuda..."`` or ``gpu_busy_ns`` on
+        its spans): **GPU-bound** if the device was busy >= 50% of the
+        window (``gpu_busy_ns`` / window, or busy / window) — compute-bound —
+        else **waiting** (the GPU is starved, idle between steps);
+     2. busy < 25% of the window: **waiting** (the stage idles for input);
+     3. spans flagged ``io=True``, or thread CPU time ``cpu_ns`` < 50% of
+        busy time: **I/O-bound** (blocked on a socket, HTTP peer or disk);
+     4. otherwise **CPU-bound**.
+
+   Plus the RSS trend from the ``memory/rss_mb`` counter (MB/min), a leak
+   indicator, and GPU memory when present.
+
+4. With ``--png-dir``: one waterfall PNG per turn (matplotlib, Agg canvas).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections import defaultdict
+from typing import Any, Iterable, Sequence
+
+from agent.trace import Event, Tracer
+
+__all__ = [
+    "MILESTONES",
+    "COLUMNS",
+    "turn_table",
+    "percentiles",
+    "stage_stats",
+    "format_table",
+    "write_waterfalls",
+    "simulate_turns",
+    "main",
+]
+
+#: (stage, name) of each milestone, in causal order.
+MILESTONES: tuple[tuple[str, str], ...] = (
+    ("turn", "user_speech_end"),
+    ("turn", "endpoint"),
+    ("asr", "final"),
+    ("llm", "first_token"),
+    ("tts", "first_chunk"),
+    ("transport", "send_audio"),
+    ("client", "playout_start"),
+)
+
+#: (row key, header) of each stage column; column i spans milestone i → i+1.
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("endpoint_wait_ms", "endpoint wait"),
+    ("asr_final_lag_ms", "ASR final lag"),
+    ("llm_ttft_ms", "LLM TTFT"),
+    ("tts_first_chunk_ms", "TTS first chunk"),
+    ("transport_ms", "transport"),
+    ("client_playout_ms", "client playout"),
+)
+
+MODEL_STAGES = ("asr", "llm", "tts")
+
+
+def _norm(events: Iterable[Any]) -> list[Event]:
+    out = []
+    for e in events:
+        if isinstance(e, Event):
+            out.append(e)
+        elif isinstance(e, dict):
+            from agent.trace import record_to_event
+
+            out.append(record_to_event(e))
+        else:
+            out.append(Event(*e))
+    return out
+
+
+def _pick_last(evs, stage, name, before=None, flow=None):
+    best = None
+    best_flow = None
+    for e in evs:
+        if e.stage == stage and e.name == name and e.ph != "C":
+            if before is not None and e.ts_ns > before:
+                continue
+            best = e
+            if flow is not None and e.flow == flow:
+                best_flow = e
+    return best_flow or best
+
+
+def _pick_first(evs, stage, name, after=None):
+    for e in evs:
+        if e.stage == stage and e.name == name and e.ph != "C":
+            if after is None or e.ts_ns >= after:
+                return e
+    return None
+
+
+def _milestones(evs: Sequence[Event]) -> list[Event | None]:
+    """Raw milestone events of one turn (sorted by time), or None if absent."""
+    endpoint = _pick_first(evs, "turn", "endpoint")
+    speech_end = _pick_last(
+        evs, "turn", "user_speech_end", before=endpoint.ts_ns if endpoint else None
+    ) or _pick_last(evs, "turn", "user_speech_end")
+    send = _pick_first(evs, "transport", "send_audio")
+    flow = send.flow if send is not None else None
+    if send is not None:
+        tts_fc = _pick_last(evs, "tts", "first_chunk", before=send.ts_ns, flow=flow)
+    else:
+        tts_fc = _pick_first(evs, "tts", "first_chunk")
+    if tts_fc is not None:
+        llm_ft = _pick_last(evs, "llm", "first_token", before=tts_fc.ts_ns, flow=flow)
+    elif send is not None:
+        llm_ft = _pick_last(evs, "llm", "first_token", before=send.ts_ns, flow=flow)
+    else:
+        llm_ft = _pick_first(evs, "llm", "first_token")
+    asr_final = None
+    if speech_end is not None:
+        asr_final = _pick_first(evs, "asr", "final", after=speech_end.ts_ns)
+    if asr_final is None:
+        asr_final = _pick_last(evs, "asr", "final")
+    play = None
+    if send is not None:
+        play = _pick_first(evs, "client", "playout_start", after=send.ts_ns)
+    if play is None:
+        play = _pick_first(evs, "client", "playout_start")
+    return [speech_end, endpoint, asr_final, llm_ft, tts_fc, send, play]
+
+
+def _group_turns(events: Iterable[Event]) -> dict[tuple[str, int], list[Event]]:
+    turns: dict[tuple[str, int], list[Event]] = defaultdict(list)
+    for e in sorted(_norm(events), key=lambda e: e.ts_ns):
+        if e.turn is not None and e.ph != "C":
+            turns[(e.session, e.turn)].append(e)
+    return turns
+
+
+def turn_table(events: Iterable[Any]) -> list[dict]:
+    """One row per turn (ordered by time) with the stage columns in ms.
+
+    Keys: ``session``, ``turn``, each key of :data:`COLUMNS` (float ms or
+    ``None`` when its milestone is missing), ``total_ms`` (= the sum of the
+    non-None columns), ``server_ms`` (up to the first send_audio),
+    ``mouth_to_ear_ms`` (up to client playout start, or None), ``missing``
+    (milestone names absent), ``barge_in``, ``speculative`` (a speculation
+    was committed), ``t0_ns`` (first milestone present, tracer clock) and
+    ``milestones_ns`` (clamped milestone times, None when absent).
+    """
+    rows = []
+    for (sess, turn), evs in sorted(_group_turns(events).items(), key=lambda kv: kv[1][0].ts_ns):
+        raw = _milestones(evs)
+        present = [m for m in raw if m is not None]
+        if len(present) < 2:
+            continue
+        clamped: list[int | None] = []
+        prev: int | None = None
+        for m in raw:
+            if m is None:
+                clamped.append(None)
+                continue
+            t = m.ts_ns if prev is None else max(m.ts_ns, prev)
+            clamped.append(t)
+            prev = t
+        row: dict[str, Any] = {"session": sess, "turn": turn}
+        last_t: int | None = None
+        first_t: int | None = None
+        for i, t in enumerate(clamped):
+            if i > 0:
+                key = COLUMNS[i - 1][0]
+                row[key] = None if (t is None or last_t is None) else (t - last_t) / 1e6
+            if t is not None:
+                if first_t is None:
+                    first_t = t
+                last_t = t
+        assert first_t is not None and last_t is not None
+        row["total_ms"] = (last_t - first_t) / 1e6
+        row["server_ms"] = (clamped[5] - first_t) / 1e6 if clamped[5] is not None else None
+        row["mouth_to_ear_ms"] = (
+            (clamped[6] - first_t) / 1e6
+            if clamped[6] is not None and clamped[0] is not None
+            else None
+        )
+        row["missing"] = [
+            f"{st}.{nm}" for (st, nm), m in zip(MILESTONES, raw) if m is None
+        ]
+        row["barge_in"] = any(e.stage == "turn" and e.name == "barge_in" for e in evs)
+        row["speculative"] = any(e.stage == "speculation" and e.name == "commit" for e in evs)
+        row["t0_ns"] = first_t
+        row["milestones_ns"] = clamped
+        rows.append(row)
+    return rows
+
+
+def percentiles(rows: Sequence[dict], qs: Sequence[float] = (50, 90, 99)) -> dict[str, dict]:
+    """``{column key: {"p50": ms, ...}}`` over the turns where the column is present
+    (linear interpolation between closest ranks)."""
+    keys = [k for k, _ in COLUMNS] + ["total_ms", "server_ms", "mouth_to_ear_ms"]
+    out: dict[str, dict] = {}
+    for k in keys:
+        vals = sorted(r[k] for r in rows if r.get(k) is not None)
+        out[k] = {f"p{q:g}": _pct(vals, q) for q in qs}
+        out[k]["n"] = len(vals)
+    return out
+
+
+def _pct(sorted_vals: Sequence[float], q: float) -> float | None:
+    if not sorted_vals:
+        return None
+    if len(sorted_vals) == 1:
+        return float(sorted_vals[0])
+    pos = (len(sorted_vals) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return float(sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo))
+
+
+# ----------------------------------------------------------------- stage RTF
+def _union(intervals: Iterable[tuple[int, int]]) -> int:
+    total = 0
+    cur_s = cur_e = None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def _request_intervals(evs: Sequence[Event]) -> list[tuple[int, int]]:
+    out = []
+    open_: list[int] = []
+    for e in evs:
+        if e.name == "request":
+            open_.append(e.ts_ns)
+        elif e.name in ("done", "cancel") and open_:
+            out.append((open_.pop(0), e.ts_ns))
+    return out
+
+
+def stage_stats(events: Iterable[Any], stages: Sequence[str] = MODEL_STAGES) -> list[dict]:
+    """RTF, busy fraction and verdict per model stage (rules in the module doc)."""
+    evs = sorted(_norm(events), key=lambda e: e.ts_ns)
+    has_gpu_counter = any(e.ph == "C" and e.name.startswith("gpu") for e in evs)
+    out = []
+    for stage in stages:
+        sevs = [e for e in evs if e.stage == stage and e.ph != "C"]
+        if not sevs:
+            continue
+        spans = [e for e in sevs if e.ph == "X"]
+        basis = "spans"
+        if spans:
+            busy_iv = [(e.ts_ns, e.ts_ns + e.dur_ns) for e in spans]
+        else:
+            busy_iv = []
+            by_turn: dict[Any, list[Event]] = defaultdict(list)
+            for e in sevs:
+                by_turn[(e.session, e.turn)].append(e)
+            for g in by_turn.values():
+                busy_iv += _request_intervals(g)
+            basis = "request→done" if busy_iv else "none"
+        # window: per turn first → last event (spans included)
+        win_iv = []
+        by_turn2: dict[Any, list[Event]] = defaultdict(list)
+        for e in sevs:
+            by_turn2[(e.session, e.turn)].append(e)
+        for (s, t), g in by_turn2.items():
+            if t is None:
+                win_iv += [(e.ts_ns, e.ts_ns + e.dur_ns) for e in g]
+            else:
+                win_iv.append((min(e.ts_ns for e in g), max(e.ts_ns + e.dur_ns for e in g)))
+        busy = _union(busy_iv)
+        window = max(_union(win_iv + busy_iv), 1)
+        audio_s = 0.0
+        for e in sevs:
+            a = e.args or {}
+            if "audio_s" in a:
+                audio_s += float(a["audio_s"])
+            elif "samples" in a and ("sample_rate" in a or "sr" in a):
+                audio_s += float(a["samples"]) / float(a.get("sample_rate", a.get("sr")))
+        cpu_ns = sum(int(e.args.get("cpu_ns", 0)) for e in spans if e.args)
+        has_cpu = any(e.args and "cpu_ns" in e.args for e in spans)
+        gpu_busy = sum(int(e.args.get("gpu_busy_ns", 0)) for e in spans if e.args)
+        on_gpu = any(
+            e.args and (str(e.args.get("device", "")).startswith("cuda") or "gpu_busy_ns" in e.args)
+            for e in spans
+        )
+        io = any(e.args and e.args.get("io") for e in spans)
+        busy_frac = busy / window
+        if audio_s > 0:
+            rtf, rtf_basis = busy / 1e9 / audio_s, "audio"
+        else:
+            rtf, rtf_basis = busy_frac, "wall"
+        if on_gpu:
+            dev_frac = (gpu_busy / window) if gpu_busy else busy_frac
+            verdict = "GPU-bound" if dev_frac >= 0.5 else "waiting"
+            why = f"GPU busy {dev_frac:.0%} of window" + ("" if dev_frac >= 0.5 else " (starved)")
+        elif busy_frac < 0.25:
+            verdict, why = "waiting", f"busy {busy_frac:.0%} of window"
+        elif io or (has_cpu and cpu_ns < 0.5 * busy):
+            verdict = "I/O-bound"
+            why = "io span" if io else f"CPU {cpu_ns / max(busy, 1):.0%} of busy"
+        else:
+            verdict = "CPU-bound"
+            why = (f"CPU {cpu_ns / max(busy, 1):.0%} of busy" if has_cpu
+                   else f"busy {busy_frac:.0%} of window, no GPU")
+        out.append({
+            "stage": stage,
+            "busy_s": busy / 1e9,
+            "window_s": window / 1e9,
+            "busy_frac": busy_frac,
+            "audio_s": audio_s or None,
+            "rtf": rtf,
+            "rtf_basis": rtf_basis,
+            "busy_basis": basis,
+            "on_gpu": on_gpu,
+            "gpu_counters": has_gpu_counter,
+            "verdict": verdict,
+            "why": why,
+        })
+    return out
+
+
+def memory_trend(events: Iterable[Any]) -> dict[str, dict]:
+    """First/last/max and slope (MB/min) of each memory counter."""
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for e in _norm(events):
+        if e.ph == "C" and e.stage == "memory":
+            series[e.name].append((e.ts_ns, float(e.args.get("value", 0.0))))
+    out = {}
+    for name, pts in series.items():
+        pts.sort()
+        (t0, v0), (t1, v1) = pts[0], pts[-1]
+        mins = (t1 - t0) / 60e9
+        out[name] = {"first": v0, "last": v1, "max": max(v for _, v in pts),
+                     "slope_mb_per_min": (v1 - v0) / mins if mins > 0 else 0.0, "n": len(pts)}
+    return out
+
+
+# ------------------------------------------------------------------- output
+def _fmt(v: float | None, w: int = 8) -> str:
+    return f"{'—':>{w}}" if v is None else f"{v:>{w}.1f}"
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """The per-turn table plus p50/p90/p99 rows, as text."""
+    heads = ["turn"] + [h for _, h in COLUMNS] + ["total", "server", "mouth→ear"]
+    keys = [k for k, _ in COLUMNS] + ["total_ms", "server_ms", "mouth_to_ear_ms"]
+    widths = [max(6, len(h)) for h in heads]
+    lines = ["  ".join(f"{h:>{w}}" for h, w in zip(heads, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    multi = len({r["session"] for r in rows}) > 1
+    for r in rows:
+        label = f"{r['session']}:{r['turn']}" if multi else str(r["turn"])
+        flags = ("*" if r["speculative"] else "") + ("!" if r["barge_in"] else "")
+        cells = [f"{label + flags:>{widths[0]}}"]
+        cells += [_fmt(r.get(k), w) for k, w in zip(keys, widths[1:])]
+        lines.append("  ".join(cells))
+    lines.append("  ".join("-" * w for w in widths))
+    pc = percentiles(rows)
+    for q in ("p50", "p90", "p99"):
+        cells = [f"{q:>{widths[0]}}"] + [_fmt(pc[k][q], w) for k, w in zip(keys, widths[1:])]
+        lines.append("  ".join(cells))
+    lines.append("(ms; * speculative reply committed, ! barge-in; — milestone missing;"
+                 " stages sum to total)")
+    return "\n".join(lines)
+
+
+def format_stages(stats: Sequence[dict], mem: dict[str, dict]) -> str:
+    lines = [f"{'stage':<6} {'RTF':>7} {'basis':<6} {'busy s':>8} {'window s':>9} "
+             f"{'busy%':>6}  verdict"]
+    for s in stats:
+        lines.append(
+            f"{s['stage']:<6} {s['rtf']:>7.3f} {s['rtf_basis']:<6} {s['busy_s']:>8.3f} "
+            f"{s['window_s']:>9.3f} {s['busy_frac']:>6.0%}  {s['verdict']} ({s['why']})"
+        )
+    for name, m in sorted(mem.items()):
+        lines.append(f"memory {name}: first {m['first']:.1f}, last {m['last']:.1f}, "
+                     f"max {m['max']:.1f}, trend {m['slope_mb_per_min']:+.2f} MB/min "
+                     f"({m['n']} samples)")
+    return "\n".join(lines)
+
+
+_COLORS = ("#8e6c8a", "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f")
+
+
+def write_waterfalls(events: Iterable[Any], out_dir: str, rows: Sequence[dict] | None = None) -> list[str]:
+    """One PNG per turn: the stage segments (the table row) as a waterfall, and
+    below it each stage's raw activity (spans as bars, instants as ticks).
+    Returns the file paths."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    evs = _norm(events)
+    rows = turn_table(evs) if rows is None else rows
+    groups = _group_turns(evs)
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    for r in rows:
+        t0 = r["t0_ns"]
+        ms = r["milestones_ns"]
+        tevs = groups.get((r["session"], r["turn"]), [])
+        fig = Figure(figsize=(10, 5.5), dpi=100)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        labels: list[str] = []
+        y = 0
+        prev = None
+        for i, t in enumerate(ms):
+            if i > 0:
+                key, head = COLUMNS[i - 1]
+                if t is not None and prev is not None:
+                    ax.barh(y, (t - prev) / 1e6, left=(prev - t0) / 1e6, color=_COLORS[i - 1],
+                            height=0.6)
+                    ax.text((t - t0) / 1e6, y, f" {r[key]:.0f}", va="center", fontsize=8)
+                labels.append(head)
+                y += 1
+            if t is not None:
+                prev = t
+        ax.barh(y, r["total_ms"], left=0, color="#bab0ac", height=0.6)
+        ax.text(r["total_ms"], y, f" {r['total_ms']:.0f} ms", va="center", fontsize=8)
+        labels.append("total")
+        y += 1
+        stage_rows = [s for s in ("vad", "asr", "llm", "tts", "transport", "client", "speculation")
+                      if any(e.stage == s for e in tevs)]
+        for s in stage_rows:
+            for e in tevs:
+                if e.stage != s:
+                    continue
+                x = (e.ts_ns - t0) / 1e6
+                if e.ph == "X":
+                    ax.barh(y, max(e.dur_ns / 1e6, 0.5), left=x, color="#999999", height=0.5)
+                else:
+                    ax.plot([x], [y], marker="|", color="#333333", markersize=9)
+            labels.append(f"[{s}]")
+            y += 1
+        ax.set_yticks(range(len(labels)))
+        ax.set_yticklabels(labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.axvline(0, color="k", lw=0.6)
+        span_ms = max(r["total_ms"], 100.0)
+        ax.set_xlim(-0.6 * span_ms, 1.6 * span_ms)  # focus on the reply path
+        ax.set_xlabel("ms since end of user speech")
+        title = f"session {r['session']} turn {r['turn']}: total {r['total_ms']:.0f} ms"
+        if r["mouth_to_ear_ms"] is not None:
+            title += f" (mouth→ear {r['mouth_to_ear_ms']:.0f} ms, server {r['server_ms']:.0f} ms)"
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+        fig.tight_layout()
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(r["session"]))
+        p = os.path.join(out_dir, f"turn_{safe}_{int(r['turn']):04d}.png")
+        fig.savefig(p)
+        paths.append(p)
+    return paths
+
+
+# ------------------------------------------------------------------ synthetic
+def simulate_turns(
+    tracer: Tracer,
+    n_turns: int = 5,
+    *,
+    seed: int = 0,
+    start_ns: int = 1_000_000_000,
+    speculative_turns: Sequence[int] = (),
+    barge_in_turns: Sequence[int] = (),
+    explicit_flow_turns: Sequence[int] = (),
+    client: bool = True,
+    memory: bool = True,
+) -> int:
+    """Record a plausible synthetic conversation into ``tracer`` (for tests and
+    demos), with explicit timestamps; returns the end time (ns).
+
+    Per turn: sampled audio frames, VAD transitions, ASR step spans and
+    partials/final, end-of-turn, LLM request/first token/tokens/done, TTS
+    request/chunks, transport sends, client playout.  In ``speculative_turns``
+    the LLM starts on a stable partial before the endpoint (a first branch is
+    cancelled, the second committed).  ``explicit_flow_turns`` pass ``flow=``.
+    """
+    import random
+
+    rng = random.Random(seed)
+    MS = 1_000_000
+    t = start_ns
+    tr = tracer
+    for turn in range(1, n_turns + 1):
+        flow = turn if turn in explicit_flow_turns else None
+        speech = rng.randint(800, 2000) * MS
+        ts = t
+        tr.instant("vad", "speech", turn, ts_ns=ts)
+        tr.instant("turn", "user_speech_start", turn, ts_ns=ts)
+        step = 80 * MS
+        k = 0
+        last_partial = None
+        while ts + (k + 1) * step <= t + speech + 160 * MS:
+            s0 = ts + k * step
+            tr.complete("asr", "step", s0 + 2 * MS, rng.randint(8, 20) * MS, turn, audio_s=0.08)
+            if k % 2 == 1 and s0 < t + speech:
+                last_partial = s0 + 20 * MS
+                tr.instant("asr", "partial", turn, ts_ns=last_partial, text=f"w{k}")
+            if k % 2 == 0:
+                tr.instant("audio_in", "frame", turn, ts_ns=s0, n=k)
+            k += 1
+        end = t + speech
+        tr.instant("turn", "user_speech_end", turn, ts_ns=end)
+        tr.instant("vad", "silence", turn, ts_ns=end + 60 * MS)
+        endpoint = end + rng.randint(150, 400) * MS
+        final = endpoint + rng.randint(10, 120) * MS  # recognizer flushed at the endpoint
+        if turn in speculative_turns:
+            # branch 1 cancelled, branch 2 (from the last partial) committed
+            sp1 = (last_partial or end) - 200 * MS
+            tr.instant("speculation", "start", turn, ts_ns=sp1, branch=1)
+            tr.instant("llm", "request", turn, ts_ns=sp1 + MS, branch=1)
+            tr.instant("llm", "first_token", turn, ts_ns=sp1 + 150 * MS, branch=1)
+            tr.instant("llm", "cancel", turn, ts_ns=sp1 + 190 * MS, branch=1)
+            tr.instant("speculation", "cancel", turn, ts_ns=sp1 + 190 * MS, branch=1)
+            req = end + 20 * MS
+            tr.instant("speculation", "start", turn, ts_ns=req - MS, branch=2)
+        else:
+            req = max(final, endpoint) + 2 * MS
+        tr.instant("asr", "final", turn, ts_ns=final, text="hello there")
+        tr.instant("turn", "endpoint", turn, ts_ns=endpoint, prob=0.9)
+        if turn in speculative_turns:
+            tr.instant("speculation", "commit", turn, ts_ns=endpoint + MS, branch=2)
+        tr.instant("llm", "request", turn, ts_ns=req, flow=flow, model="smollm2")
+        ft = req + rng.randint(120, 300) * MS
+        tr.instant("llm", "first_token", turn, ts_ns=ft, flow=flow)
+        n_tok = rng.randint(15, 30)
+        tok_t = ft
+        for i in range(n_tok):
+            tok_t = ft + i * 20 * MS
+            tr.instant("llm", "token", turn, ts_ns=tok_t, text=f"t{i}")
+        tr.instant("llm", "done", turn, ts_ns=tok_t + 5 * MS, tokens=n_tok)
+        treq = ft + 5 * 20 * MS
+        tr.instant("tts", "request", turn, ts_ns=treq, flow=flow, text="Hello, how can I help?")
+        fc = treq + rng.randint(60, 150) * MS
+        tr.complete("tts", "synth", treq + MS, fc - treq - MS, turn, samples=8000, sample_rate=16000)
+        tr.instant("tts", "first_chunk", turn, ts_ns=fc)
+        send = fc + rng.randint(1, 5) * MS
+        n_chunks = 4
+        for c in range(n_chunks):
+            ct = fc + c * 250 * MS
+            if c:
+                tr.complete("tts", "synth", ct - 100 * MS, 90 * MS, turn, samples=8000,
+                            sample_rate=16000)
+            tr.instant("tts", "chunk", turn, ts_ns=ct, samples=8000, text=f"c{c}")
+            tr.instant("transport", "send_audio", turn, ts_ns=send + c * 250 * MS,
+                       flow=flow if c == 0 else None, bytes=16000)
+        tr.instant("tts", "done", turn, ts_ns=fc + (n_chunks - 1) * 250 * MS + MS)
+        if turn in barge_in_turns:
+            b = send + 400 * MS
+            tr.instant("turn", "barge_in", turn, ts_ns=b)
+            tr.instant("transport", "clear", turn, ts_ns=b + MS)
+            tr.instant("tts", "cancel", turn, ts_ns=b + MS)
+        play = send + rng.randint(20, 80) * MS
+        if client:
+            tr.instant("client", "playout_start", turn, ts_ns=play, flow=flow)
+            tr.instant("client", "playout_end", turn, ts_ns=play + n_chunks * 500 * MS)
+        t_end = play + n_chunks * 500 * MS + 10 * MS
+        tr.instant("turn", "turn_end", turn, ts_ns=t_end)
+        if memory:
+            tr.counter("rss_mb", 300.0 + turn * 0.5, ts_ns=t_end)
+        t = t_end + rng.randint(300, 1500) * MS
+    return t
+
+
+# ----------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="duplex trace report",
+        description="Per-turn latency table, percentiles, stage RTF verdicts and waterfall PNGs.",
+    )
+    ap.add_argument("trace", metavar="TRACE", help="trace file (.jsonl event log/spill or Perfetto .json)")
+    ap.add_argument("--png-dir", metavar="DIR", help="write one waterfall PNG per turn here")
+    ap.add_argument("--json", action="store_true", help="print the table and stats as JSON")
+    a = ap.parse_args(argv)
+    from agent.trace_export import load_events
+
+    try:
+        events = load_events(a.trace)
+    except (OSError, ValueError) as e:
+        print(f"duplex trace report: cannot read {a.trace}: {e}", file=sys.stderr)
+        return 2
+    rows = turn_table(events)
+    stats = stage_stats(events)
+    mem = memory_trend(events)
+    if a.json:
+        doc = {
+            "turns": [{k: v for k, v in r.items() if k not in ("milestones_ns",)} for r in rows],
+            "percentiles": percentiles(rows),
+            "stages": stats,
+            "memory": mem,
+        }
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        print(f"{a.trace}: {len(events)} events, {len(rows)} turns")
+        if rows:
+            print(format_table(rows))
+        print()
+        print(format_stages(stats, mem))
+    if a.png_dir:
+        paths = write_waterfalls(events, a.png_dir, rows)
+        if not a.json:
+            print(f"\nwrote {len(paths)} waterfall PNG(s) to {a.png_dir}")
+    if not rows:
+        print("no complete turns found in the trace", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
