@@ -1,0 +1,302 @@
+"""Streaming Mimi encoder (audio -> codes) with per-slot state for a batch of B slots.
+
+Our own torch code for the encoder half of Kyutai's Mimi codec: SEANet causal convolutions,
+the encoder transformer (sliding window), the stride-2 downsampling conv and the split residual
+vector quantiser. Weights come from transformers' `MimiModel` state dict.
+
+Every slot carries its own streaming state, allocated once: a left-context buffer per causal
+conv, a ring-buffer KV cache and absolute key positions for the transformer, and its own
+position counter. `step` encodes exactly one frame (1920 samples at 24 kHz) per slot and
+updates state only for active rows, so idle rows may hold any garbage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class MimiSpec:
+    """Shape of the Mimi encoder, read from a transformers `MimiConfig`."""
+
+    num_filters: int
+    ratios: tuple[int, ...]  # encoder order (reversed upsampling ratios)
+    kernel_size: int
+    last_kernel_size: int
+    residual_kernel_size: int
+    dilation_growth_rate: int
+    num_residual_layers: int
+    compress: int
+    hidden_size: int
+    pad_mode: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    sliding_window: int
+    rope_theta: float
+    norm_eps: float
+    codebook_size: int
+    num_quantizers: int
+    num_semantic_quantizers: int
+    latent_stride: int
+    frame_size: int
+
+    @classmethod
+    def from_hf(cls, cfg) -> "MimiSpec":
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        if getattr(cfg, "use_conv_shortcut", False) or not getattr(cfg, "use_causal_conv", True):
+            raise ValueError("only causal Mimi without conv shortcut is supported")
+        return cls(
+            num_filters=cfg.num_filters,
+            ratios=tuple(reversed(cfg.upsampling_ratios)),
+            kernel_size=cfg.kernel_size,
+            last_kernel_size=cfg.last_kernel_size,
+            residual_kernel_size=cfg.residual_kernel_size,
+            dilation_growth_rate=cfg.dilation_growth_rate,
+            num_residual_layers=cfg.num_residual_layers,
+            compress=cfg.compress,
+            hidden_size=cfg.hidden_size,
+            pad_mode=cfg.pad_mode,
+            num_layers=cfg.num_hidden_layers,
+            num_heads=cfg.num_attention_heads,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+            intermediate_size=cfg.intermediate_size,
+            sliding_window=cfg.sliding_window,
+            rope_theta=float(rope.get("rope_theta", 10000.0)),
+            norm_eps=cfg.norm_eps,
+            codebook_size=cfg.codebook_size,
+            num_quantizers=cfg.num_quantizers,
+            num_semantic_quantizers=cfg.num_semantic_quantizers,
+            latent_stride=cfg.latent_stride,
+            frame_size=cfg.frame_size,
+        )
+
+    @property
+    def steps_per_frame(self) -> int:
+        """Transformer positions per 80 ms frame (2 for Mimi: 25 Hz inside, 12.5 Hz out)."""
+        return self.latent_stride
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE. x: (..., T, D), pos: broadcastable to (..., T) absolute positions."""
+    freqs = pos.to(torch.float32)[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class _StreamConv(nn.Module):
+    """Causal Conv1d with a per-slot left-context buffer of `kernel_eff - stride` samples."""
+
+    def __init__(self, batch: int, cin: int, cout: int, k: int, stride: int = 1, dilation: int = 1,
+                 bias: bool = True, replicate: bool = False):
+        super().__init__()
+        self.conv = nn.Conv1d(cin, cout, k, stride, dilation=dilation, bias=bias)
+        self.pad = (k - 1) * dilation + 1 - stride
+        self.replicate = replicate
+        self.register_buffer("cache", torch.zeros(batch, cin, self.pad), persistent=False)
+
+    def forward(self, x: torch.Tensor, active: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
+        prev = self.cache
+        if self.replicate:  # static config: first frame of a stream pads with its first sample
+            prev = torch.where(fresh[:, None, None], x[..., :1].expand_as(prev), prev)
+        inp = torch.cat([prev, x], dim=-1)
+        if self.pad > 0:
+            self.cache.copy_(torch.where(active[:, None, None], inp[..., inp.shape[-1] - self.pad:], self.cache))
+        return self.conv(inp)
+
+
+class _ResBlock(nn.Module):
+    def __init__(self, batch: int, dim: int, spec: MimiSpec, dilation: int):
+        super().__init__()
+        hidden = dim // spec.compress
+        self.conv1 = _StreamConv(batch, dim, hidden, spec.residual_kernel_size, dilation=dilation)
+        self.conv2 = _StreamConv(batch, hidden, dim, 1)
+
+    def forward(self, x, active, fresh):
+        h = self.conv1(F.elu(x), active, fresh)
+        return x + self.conv2(F.elu(h), active, fresh)
+
+
+class _Layer(nn.Module):
+    def __init__(self, spec: MimiSpec):
+        super().__init__()
+        d, hd = spec.hidden_size, spec.head_dim
+        self.q = nn.Linear(d, spec.num_heads * hd, bias=False)
+        self.k = nn.Linear(d, spec.num_kv_heads * hd, bias=False)
+        self.v = nn.Linear(d, spec.num_kv_heads * hd, bias=False)
+        self.o = nn.Linear(spec.num_heads * hd, d, bias=False)
+        self.fc1 = nn.Linear(d, spec.intermediate_size, bias=False)
+        self.fc2 = nn.Linear(spec.intermediate_size, d, bias=False)
+        self.ln1 = nn.LayerNorm(d, eps=spec.norm_eps)
+        self.ln2 = nn.LayerNorm(d, eps=spec.norm_eps)
+        self.scale1 = nn.Parameter(torch.ones(d))
+        self.scale2 = nn.Parameter(torch.ones(d))
+
+
+class MimiStreamingEncoder(nn.Module):
+    """Batched streaming Mimi encoder: one 80 ms frame per slot per `step`."""
+
+    def __init__(self, spec: MimiSpec, batch: int, num_codebooks: int | None = None):
+        super().__init__()
+        self.spec, self.batch = spec, batch
+        self.num_codebooks = num_codebooks or spec.num_quantizers
+        if not spec.num_semantic_quantizers <= self.num_codebooks <= spec.num_quantizers:
+            raise ValueError("num_codebooks out of range for this Mimi")
+        f = spec.num_filters
+        seanet: list[nn.Module] = [_StreamConv(batch, 1, f, spec.kernel_size)]
+        scale = 1
+        for ratio in spec.ratios:
+            dim = scale * f
+            for j in range(spec.num_residual_layers):
+                seanet.append(_ResBlock(batch, dim, spec, spec.dilation_growth_rate ** j))
+            seanet += [nn.ELU(), _StreamConv(batch, dim, dim * 2, ratio * 2, stride=ratio)]
+            scale *= 2
+        seanet += [nn.ELU(), _StreamConv(batch, scale * f, spec.hidden_size, spec.last_kernel_size)]
+        self.seanet = nn.ModuleList(seanet)
+        self.layers = nn.ModuleList(_Layer(spec) for _ in range(spec.num_layers))
+        self.downsample = _StreamConv(batch, spec.hidden_size, spec.hidden_size, 2 * spec.latent_stride,
+                                      stride=spec.latent_stride, bias=False, replicate=True)
+        nq, nsem = self.num_codebooks, spec.num_semantic_quantizers
+        self.register_buffer("codebooks", torch.zeros(spec.num_quantizers, spec.codebook_size, 1), persistent=False)
+        self.sem_proj = nn.Parameter(torch.zeros(1, spec.hidden_size))
+        self.ac_proj = nn.Parameter(torch.zeros(1, spec.hidden_size))
+        self._nq, self._nsem = nq, nsem
+        # Transformer ring buffer: window + (positions per step - 1) so that the oldest key a query
+        # of this step still needs is never overwritten by a newer key of the same step.
+        self.ctx = spec.sliding_window + spec.steps_per_frame - 1
+        hd, L = spec.head_dim, spec.num_layers
+        self.register_buffer("k_cache", torch.zeros(L, batch, spec.num_kv_heads, self.ctx, hd), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(L, batch, spec.num_kv_heads, self.ctx, hd), persistent=False)
+        self.register_buffer("kpos", torch.full((batch, self.ctx), -1, dtype=torch.long), persistent=False)
+        self.register_buffer("pos", torch.zeros(batch, dtype=torch.long), persistent=False)
+        self.register_buffer("fresh", torch.ones(batch, dtype=torch.bool), persistent=False)
+        inv = 1.0 / (spec.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    # ---- weights -------------------------------------------------------------------------
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Load from a transformers `MimiModel` state dict (keys without the `codec_model.` prefix)."""
+        own: dict[str, torch.Tensor] = {}
+        convs = [m for m in self.seanet.modules() if isinstance(m, _StreamConv)]
+        hf_names = _hf_seanet_conv_names(self.spec)
+        if len(convs) != len(hf_names):
+            raise AssertionError("SEANet layout mismatch")
+        for conv, name in zip(convs, hf_names):
+            conv.conv.weight.data.copy_(sd[f"encoder.encoder_seanet.{name}.conv.weight"])
+            conv.conv.bias.data.copy_(sd[f"encoder.encoder_seanet.{name}.conv.bias"])
+        self.downsample.conv.weight.data.copy_(sd["encoder.downsample.conv.weight"])
+        for i, layer in enumerate(self.layers):
+            p = f"encoder.encoder_transformer.layers.{i}."
+            for mine, theirs in (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
+                                 ("o", "self_attn.o_proj"), ("fc1", "mlp.fc1"), ("fc2", "mlp.fc2")):
+                getattr(layer, mine).weight.data.copy_(sd[p + theirs + ".weight"])
+            for mine, theirs in (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm")):
+                getattr(layer, mine).weight.data.copy_(sd[p + theirs + ".weight"])
+                getattr(layer, mine).bias.data.copy_(sd[p + theirs + ".bias"])
+            layer.scale1.data.copy_(sd[p + "self_attn_layer_scale.scale"])
+            layer.scale2.data.copy_(sd[p + "mlp_layer_scale.scale"])
+        q = "quantizer.semantic_residual_vector_quantizer."
+        a = "quantizer.acoustic_residual_vector_quantizer."
+        self.sem_proj = nn.Parameter(sd[q + "input_proj.weight"][:, :, 0].clone())
+        self.ac_proj = nn.Parameter(sd[a + "input_proj.weight"][:, :, 0].clone())
+        books = []
+        for i in range(self.spec.num_quantizers):
+            pre = (q, i) if i < self.spec.num_semantic_quantizers else (a, i - self.spec.num_semantic_quantizers)
+            cb = f"{pre[0]}layers.{pre[1]}.codebook."
+            books.append(sd[cb + "embed_sum"] / sd[cb + "cluster_usage"].clamp(min=1e-5)[:, None])
+        self.codebooks = torch.stack(books).to(self.sem_proj.device)
+
+    # ---- state ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def reset_rows(self, rows: torch.Tensor) -> None:
+        """Clear every piece of streaming state of the given slot indices (1-D long tensor)."""
+        for m in self.modules():
+            if isinstance(m, _StreamConv) and m.pad > 0:
+                m.cache.index_fill_(0, rows, 0.0)
+        self.k_cache.index_fill_(1, rows, 0.0)
+        self.v_cache.index_fill_(1, rows, 0.0)
+        self.kpos.index_fill_(0, rows, -1)
+        self.pos.index_fill_(0, rows, 0)
+        self.fresh.index_fill_(0, rows, True)
+
+    # ---- step ----------------------------------------------------------------------------
+    def _transformer(self, x: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        spec = self.spec
+        B, T, _ = x.shape
+        ar = torch.arange(B, device=x.device)
+        qpos = self.pos[:, None] + torch.arange(T, device=x.device)  # (B, T)
+        slots = qpos % self.ctx
+        keep = active[:, None].expand(B, T)
+        new_kpos = torch.where(keep, qpos, self.kpos[ar[:, None], slots])
+        self.kpos[ar[:, None], slots] = new_kpos
+        rel = qpos[:, :, None] - self.kpos[:, None, :]  # (B, T, ctx)
+        mask = (self.kpos[:, None, :] >= 0) & (rel >= 0) & (rel < spec.sliding_window)
+        mask = mask[:, None]  # (B, 1, T, ctx)
+        for li, layer in enumerate(self.layers):
+            h = layer.ln1(x)
+            q = layer.q(h).view(B, T, spec.num_heads, spec.head_dim).transpose(1, 2)
+            k = layer.k(h).view(B, T, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
+            v = layer.v(h).view(B, T, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
+            q = rope(q, qpos[:, None, :], self.inv_freq)
+            k = rope(k, qpos[:, None, :], self.inv_freq)
+            kc, vc = self.k_cache[li], self.v_cache[li]
+            for t in range(T):  # static T (2 for Mimi)
+                idx = slots[:, t]
+                kc[ar, :, idx] = torch.where(active[:, None, None], k[:, :, t], kc[ar, :, idx])
+                vc[ar, :, idx] = torch.where(active[:, None, None], v[:, :, t], vc[ar, :, idx])
+            att = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask,
+                                                 enable_gqa=spec.num_heads != spec.num_kv_heads)
+            x = x + layer.scale1 * layer.o(att.transpose(1, 2).reshape(B, T, -1))
+            x = x + layer.scale2 * layer.fc2(F.gelu(layer.fc1(layer.ln2(x))))
+        self.pos.add_(active.long() * T)
+        return x
+
+    def _quantize(self, latent: torch.Tensor) -> torch.Tensor:
+        """latent: (B, D) -> codes (B, num_codebooks), residual VQ with Euclidean argmin."""
+        codes = []
+        groups = ((self.sem_proj, 0, self._nsem), (self.ac_proj, self._nsem, self._nq))
+        for proj, lo, hi in groups:
+            residual = latent @ proj.t()
+            for i in range(lo, hi):
+                book = self.codebooks[i]
+                idx = torch.cdist(residual[None].float(), book[None].float(), p=2)[0].argmin(dim=-1)
+                codes.append(idx)
+                residual = residual - book[idx]
+        return torch.stack(codes, dim=1)
+
+    def step(self, pcm: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """pcm: (B, frame_size) float32, active: (B,) bool -> codes (B, num_codebooks) int64."""
+        x = pcm[:, None, :]
+        fresh = self.fresh
+        for m in self.seanet:
+            x = m(x) if isinstance(m, nn.ELU) else m(x, active, fresh)
+        x = self._transformer(x.transpose(1, 2), active)
+        latent = self.downsample(x.transpose(1, 2), active, fresh)  # (B, D, 1)
+        self.fresh.copy_(self.fresh & ~active)
+        return self._quantize(latent[:, :, 0])
+
+
+def _hf_seanet_conv_names(spec: MimiSpec) -> list[str]:
+    """transformers' names of the SEANet convs, in our module order."""
+    names, idx = ["layers.0"], 1
+    for _ in spec.ratios:
+        for _ in range(spec.num_residual_layers):
+            names += [f"layers.{idx}.block.1", f"layers.{idx}.block.3"]
+            idx += 1
+        idx += 1  # ELU
+        names.append(f"layers.{idx}")
+        idx += 1
+    idx += 1  # ELU
+    names.append(f"layers.{idx}")
+    return names
+
