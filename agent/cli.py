@@ -1,0 +1,132 @@
+"""The `duplex` command: serve, run, asr-serve, asr-bench, trace."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import sys
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--asr", default="whisper-tiny.en", help="recognizer (default: embedded Whisper tiny.en)")
+    p.add_argument("--llm", default="qwen2.5-0.5b",
+                   help="smollm2-135m | qwen2.5-0.5b (default) | qwen2.5-1.5b | path to a .gguf")
+    p.add_argument("--tts", default="piper", help="piper (default, joe voice) | voice.onnx | espeak-ng | flite")
+    p.add_argument("--system-prompt", default=None, help="system message for the LLM")
+    p.add_argument("--mode", choices=["concurrent", "waterfall"], default="concurrent",
+                   help="run stages concurrently (default) or strictly one after another")
+    p.add_argument("--max-tokens", type=int, default=80)
+
+
+def _session_config(args):
+    from agent.session import SessionConfig
+
+    cfg = SessionConfig(mode=args.mode, max_tokens=args.max_tokens)
+    if args.system_prompt:
+        cfg.system_prompt = args.system_prompt
+    return cfg
+
+
+def _load(args):
+    from agent.models import ModelChoice, load_models
+
+    return load_models(ModelChoice(asr=args.asr, llm=args.llm, tts=args.tts))
+
+
+def cmd_serve(args) -> int:
+    from agent.session import Session
+    from transport.web.server import run_server
+
+    models = _load(args)
+    counter = iter(range(1 << 62))
+
+    async def handler(transport) -> None:
+        await Session(models, transport, _session_config(args), session_id=f"web{next(counter)}").run()
+
+    try:
+        asyncio.run(run_server(handler, args.host, args.port, models.tts.sample_rate))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_run(args) -> int:
+    from agent.session import Session
+    from transport.wavfile import WavConversationTransport, load_turn
+
+    models = _load(args)
+    turns = [load_turn(p) for p in args.input]
+    transport = WavConversationTransport(turns, models.tts.sample_rate, args.output, gap_s=args.gap,
+                                         realtime=not args.fast)
+    session = Session(models, transport, _session_config(args), session_id="run")
+    try:
+        asyncio.run(session.run())
+    finally:
+        transport.close()
+    rows = [r.summary() for r in session.records]
+    log_file = open(args.log, "w") if args.log else None
+    for row in rows:
+        line = json.dumps(row)
+        print(line)
+        if log_file:
+            log_file.write(line + "\n")
+    v2v = [r["voice_to_voice_ms"] for r in rows if r["voice_to_voice_ms"] is not None]
+    summary = {"summary": True, "turns": len(rows), "replied": len(v2v), "output": args.output,
+               "voice_to_voice_p50_ms": round(statistics.median(v2v), 1) if v2v else None,
+               "voice_to_voice_max_ms": round(max(v2v), 1) if v2v else None, "mode": args.mode}
+    print(json.dumps(summary))
+    if log_file:
+        log_file.write(json.dumps(summary) + "\n")
+        log_file.close()
+    return 0 if v2v else 1
+
+
+def _delegate(module: str, argv: list[str]) -> int:
+    import importlib
+
+    return int(importlib.import_module(module).main(argv) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # sub-tools with their own argument parsers
+    if argv[:1] == ["asr-serve"]:
+        return _delegate("asr.server", argv[1:])
+    if argv[:1] == ["asr-bench"]:
+        return _delegate("asr.loadbench", argv[1:])
+    if argv[:2] == ["trace", "report"]:
+        return _delegate("agent.trace_report", argv[2:])
+
+    parser = argparse.ArgumentParser(prog="duplex", description="A full-duplex voice agent that runs offline.")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="serve the browser agent over HTTP + WebSocket")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    _model_args(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("run", help="hold a conversation from WAV files; write the bot's channel to a WAV")
+    p.add_argument("--input", action="append", required=True, help="a user turn (WAV); repeat for more turns")
+    p.add_argument("--output", required=True, help="WAV of the bot's channel, aligned with the input")
+    p.add_argument("--log", help="write per-turn JSON lines here too")
+    p.add_argument("--gap", type=float, default=1.0, help="silence after a reply before the next input (s)")
+    p.add_argument("--fast", action="store_true", help="feed input as fast as possible (latencies meaningless)")
+    _model_args(p)
+    p.set_defaults(func=cmd_run)
+
+    sub.add_parser("asr-serve", help="Kyutai-compatible streaming ASR server (see asr/PROTOCOL.md)")
+    sub.add_parser("asr-bench", help="load client and engine benchmarks for the ASR server")
+    sub.add_parser("trace", help="trace tools: `duplex trace report TRACE`")
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

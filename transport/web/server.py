@@ -1,0 +1,140 @@
+"""asyncio shell for the browser transport: serves the page over HTTP and each /ws connection as a
+`Transport`. The conversation handler is injected, so this module knows nothing of the agent."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import mimetypes
+import time
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from pathlib import Path
+
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from transport.audio import StreamResampler, float_to_int16
+from transport.base import AudioIn, AudioOut, ClientEvent, InputEvent, Played
+from transport.web.protocol import (
+    ClientAudio, ProtocolError, decode_client, encode_audio, encode_event, error_event)
+
+log = logging.getLogger("duplex.web")
+STATIC = Path(__file__).parent / "static"
+
+
+def server_ms() -> float:
+    return time.monotonic() * 1000.0
+
+
+class WebSocketTransport:
+    """One browser connection. Protocol errors are answered with an error event; the session goes on."""
+
+    reports_playout = True
+
+    def __init__(self, ws: ServerConnection, output_sample_rate: int):
+        self.ws = ws
+        self.input_sample_rate = 16000
+        self.output_sample_rate = output_sample_rate
+        self._resamplers: dict[int, StreamResampler] = {}
+        self.errors = 0
+
+    async def _send(self, message: str | bytes) -> None:
+        try:
+            await self.ws.send(message)
+        except ConnectionClosed:
+            pass
+
+    async def receive(self) -> InputEvent | None:
+        while True:
+            try:
+                message = await self.ws.recv()
+            except ConnectionClosed:
+                return None
+            try:
+                decoded = decode_client(message)
+            except ProtocolError as exc:
+                self.errors += 1
+                await self._send(error_event(exc.code, str(exc)))
+                continue
+            if isinstance(decoded, ClientAudio):
+                return AudioIn(decoded.pcm, self.input_sample_rate)
+            kind, data = decoded.type, decoded.data
+            if kind == "hello":
+                self.input_sample_rate = data["sample_rate"]
+                await self._send(encode_event({"type": "ready", "sample_rate": self.output_sample_rate,
+                                               "input_sample_rate": self.input_sample_rate,
+                                               "server_ms": server_ms()}))
+            elif kind == "ping":
+                await self._send(encode_event({"type": "pong", "t": data["t"], "server_ms": server_ms()}))
+            elif kind == "played":
+                return Played(data["id"], data["event"])
+            else:
+                return ClientEvent(kind, data)
+
+    async def send_audio(self, chunk: AudioOut) -> None:
+        pcm = chunk.pcm
+        if chunk.sample_rate != self.output_sample_rate:
+            rs = self._resamplers.setdefault(
+                chunk.sample_rate, StreamResampler(chunk.sample_rate, self.output_sample_rate))
+            pcm = float_to_int16(rs(pcm.astype("float32") / 32768.0))
+        await self._send(encode_audio(chunk.chunk_id, pcm))
+
+    async def clear(self) -> None:
+        await self._send(encode_event({"type": "clear"}))
+
+    async def send_event(self, event: dict) -> None:
+        await self._send(encode_event(event))
+
+
+def _static_response(path: str) -> Response:
+    name = "index.html" if path in ("/", "/index.html") else path.removeprefix("/static/")
+    file = (STATIC / name).resolve()
+    if STATIC.resolve() not in file.parents or not file.is_file():
+        return Response(404, "Not Found", Headers([("Content-Type", "text/plain")]), b"not found\n")
+    ctype = mimetypes.guess_type(file.name)[0] or "application/octet-stream"
+    if file.suffix == ".js":
+        ctype = "text/javascript"
+    body = file.read_bytes()
+    return Response(200, "OK", Headers([("Content-Type", ctype), ("Content-Length", str(len(body))),
+                                        ("Cache-Control", "no-store")]), body)
+
+
+Handler = Callable[[WebSocketTransport], Awaitable[None]]
+
+
+async def run_server(handler: Handler, host: str, port: int, output_sample_rate: int,
+                     ready: asyncio.Event | None = None, max_connections: int = 16) -> None:
+    """Serve until cancelled. `handler(transport)` runs one conversation per WebSocket."""
+    live = 0
+
+    def process_request(connection: ServerConnection, request: Request):
+        if request.path.split("?")[0] == "/ws":
+            if live >= max_connections:
+                return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "too many sessions\n")
+            return None
+        return _static_response(request.path.split("?")[0])
+
+    async def on_ws(ws: ServerConnection) -> None:
+        nonlocal live
+        live += 1
+        try:
+            await handler(WebSocketTransport(ws, output_sample_rate))
+        except Exception:
+            log.exception("session failed")
+            try:
+                await ws.send(error_event("internal", "the session failed; see the server log"))
+            except ConnectionClosed:
+                pass
+        finally:
+            live -= 1
+
+    async with serve(on_ws, host, port, process_request=process_request, max_size=1 << 20,
+                     max_queue=64) as server:
+        bound = [s.getsockname() for s in server.sockets]
+        log.info("duplex serving on http://%s:%s/", *bound[0][:2])
+        print(f"duplex: open http://{host}:{bound[0][1]}/ in a browser", flush=True)
+        if ready is not None:
+            ready.set()
+        await asyncio.Future()

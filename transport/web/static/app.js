@@ -1,0 +1,114 @@
+// duplex page: mic worklet -> WebSocket -> server; server audio -> flushable player worklet.
+// window.duplexLog records every event, for people reading the console and for tests.
+"use strict";
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+const log = (window.duplexLog = []);
+let ws, micCtx, playCtx, player, clockOffset = 0, bestRtt = Infinity;
+const turns = {};          // turn -> {speechEnd (server ms), heard (ms)}
+let currentTurn = -1, botLine = null;
+
+function record(ev) { ev.page_ms = performance.now(); log.push(ev); }
+function serverNow() { return performance.now() + clockOffset; }
+function line(cls, text) { const p = document.createElement("p"); p.className = cls; p.textContent = text; $("log").appendChild(p); return p; }
+
+async function start() {
+  $("start").disabled = true;
+  const url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws";
+  ws = new WebSocket(url);
+  ws.binaryType = "arraybuffer";
+  await new Promise((ok, bad) => { ws.onopen = ok; ws.onerror = bad; });
+  ws.onmessage = onMessage;
+  ws.onclose = () => { $("state").textContent = "disconnected"; record({ type: "closed" }); };
+  const ready = new Promise((ok) => (window._ready = ok));
+  ws.send(JSON.stringify({ type: "hello", sample_rate: 16000 }));
+  const info = await ready;
+
+  // Playback first, so the first reply can never arrive before the player exists.
+  playCtx = new AudioContext({ sampleRate: info.sample_rate, latencyHint: "interactive" });
+  await playCtx.audioWorklet.addModule("/static/player-worklet.js");
+  player = new AudioWorkletNode(playCtx, "player", { outputChannelCount: [1] });
+  player.connect(playCtx.destination);
+  player.port.onmessage = onPlayer;
+
+  // Mic: wait until the worklet renders before asking for the microphone.
+  micCtx = new AudioContext({ sampleRate: 16000, latencyHint: "interactive" });
+  await micCtx.audioWorklet.addModule("/static/mic-worklet.js");
+  const mic = new AudioWorkletNode(micCtx, "mic");
+  const mute = micCtx.createGain(); mute.gain.value = 0;
+  mic.connect(mute).connect(micCtx.destination);
+  await new Promise((ok) => { mic.port.onmessage = (e) => { if (e.data.type === "rendering") ok(); }; });
+  record({ type: "worklet_rendering" });
+  const processing = params.get("aec") !== "0";
+  const stream = await navigator.mediaDevices.getUserMedia({ audio: {
+    channelCount: 1, echoCancellation: processing, noiseSuppression: processing, autoGainControl: processing } });
+  record({ type: "mic_started" });
+  mic.port.onmessage = (e) => { if (e.data.type === "frame" && ws.readyState === 1) ws.send(e.data.pcm); };
+  micCtx.createMediaStreamSource(stream).connect(mic);
+  await playCtx.resume(); await micCtx.resume();
+  setInterval(ping, 2000); ping();
+  $("state").textContent = "listening";
+}
+
+function ping() { if (ws.readyState === 1) ws.send(JSON.stringify({ type: "ping", t: performance.now() })); }
+
+function onPlayer(e) {
+  const m = e.data;
+  record({ type: "player_" + m.type, id: m.id });
+  if (m.type === "started") {
+    ws.send(JSON.stringify({ type: "played", id: m.id, event: "start", t: performance.now() }));
+    const t = turns[currentTurn];
+    if (t && t.heard === undefined && t.speechEnd !== undefined) {
+      t.heard = serverNow() - t.speechEnd;
+      record({ type: "heard_latency", turn: currentTurn, ms: t.heard });
+      renderLatency(currentTurn);
+    }
+  }
+}
+
+function onMessage(e) {
+  if (typeof e.data !== "string") {
+    const view = new DataView(e.data);
+    const id = view.getUint32(0);
+    const pcm = e.data.slice(4);
+    record({ type: "audio", id, samples: pcm.byteLength / 2 });
+    if (player) player.port.postMessage({ type: "push", id, pcm }, [pcm]);
+    return;
+  }
+  const m = JSON.parse(e.data);
+  record(m);
+  switch (m.type) {
+    case "ready": window._ready(m); break;
+    case "pong": {
+      const now = performance.now(), rtt = now - m.t;
+      if (rtt <= bestRtt) { bestRtt = rtt; clockOffset = m.server_ms - (m.t + now) / 2; }
+      break;
+    }
+    case "state": $("state").textContent = m.state.replace("_", " "); break;
+    case "partial": $("partial").textContent = m.text; break;
+    case "endpoint": currentTurn = m.turn; turns[m.turn] = { speechEnd: m.speech_end_ms }; break;
+    case "final": $("partial").textContent = ""; if (m.text) line("user", "You: " + m.text); botLine = null; break;
+    case "bot_text":
+      if (!botLine) botLine = line("bot", "Agent: ");
+      botLine.textContent += m.text; break;
+    case "clear": if (player) player.port.postMessage({ type: "clear" }); break;
+    case "interrupted": line("bot", "(interrupted; heard: " + (m.heard || "nothing") + ")"); botLine = null; break;
+    case "latency": turns[m.turn] = Object.assign(turns[m.turn] || {}, { server: m }); renderLatency(m.turn); break;
+    case "error": line("err", "error: " + m.message); break;
+  }
+}
+
+function renderLatency(turn) {
+  const t = turns[turn]; if (!t) return;
+  const s = t.server || {};
+  let row = document.getElementById("lat" + turn);
+  if (!row) { row = document.createElement("tr"); row.id = "lat" + turn; $("lat").tBodies[0].appendChild(row); }
+  const f = (v) => (v === undefined || v === null ? "" : Math.round(v) + " ms");
+  const parts = [["endpoint_ms", "#bbb"], ["asr_final_ms", "#7b7"], ["llm_ttft_ms", "#77d"], ["tts_first_chunk_ms", "#d97"]];
+  const bars = parts.map(([k, c]) => `<span class="bar" style="width:${Math.max(0, (s[k] || 0) / 10)}px;background:${c}" title="${k}"></span>`).join("");
+  row.innerHTML = `<td>${turn}</td><td>${f(s.endpoint_ms)}</td><td>${f(s.asr_final_ms)}</td><td>${f(s.llm_ttft_ms)}</td>` +
+    `<td>${f(s.tts_first_chunk_ms)}</td><td>${f(s.voice_to_voice_ms)}</td><td>${f(t.heard)}</td><td style="text-align:left">${bars}</td>`;
+}
+
+$("start").onclick = start;
+if (params.get("autostart") === "1") start();

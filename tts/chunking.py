@@ -1,0 +1,61 @@
+"""Cut a streaming LLM answer into speakable chunks at sentence or clause boundaries (pure)."""
+from __future__ import annotations
+
+import re
+
+_SENTENCE_END = re.compile(r"([.!?]+[\"')\]]*)(\s+|$)")
+_CLAUSE_END = re.compile(r"([,;:\u2014]|\s-\s)(\s+)")
+_ABBREVIATIONS = {"mr.", "mrs.", "ms.", "dr.", "st.", "vs.", "e.g.", "i.e.", "etc.", "no."}
+
+
+class TextChunker:
+    """Feed tokens with `push`; receive chunks as soon as a boundary is certain.
+
+    The first chunk of an answer may end at a clause boundary once it has `first_clause_words`
+    words, so speech starts early; later chunks break at clauses only past `clause_words` words.
+    """
+
+    def __init__(self, first_clause_words: int = 4, clause_words: int = 12, max_words: int = 30):
+        self.first_clause_words = first_clause_words
+        self.clause_words = clause_words
+        self.max_words = max_words
+        self._buf = ""
+        self._emitted = 0
+
+    def push(self, token: str) -> list[str]:
+        self._buf += token
+        out = []
+        while (chunk := self._cut()) is not None:
+            out.append(chunk)
+        return out
+
+    def flush(self) -> list[str]:
+        rest, self._buf = self._buf.strip(), ""
+        return [rest] if rest else []
+
+    def _cut(self) -> str | None:
+        buf = self._buf
+        for m in _SENTENCE_END.finditer(buf):
+            if not m.group(2):  # boundary at the very end: the next token may continue it
+                break
+            head = buf[:m.end(1)]
+            last = head.split()[-1].lower() if head.split() else ""
+            if last in _ABBREVIATIONS or re.search(r"\d\.$", head) and not m.group(2):
+                continue
+            return self._take(m.end())
+        words = len(buf.split())
+        limit = self.first_clause_words if self._emitted == 0 else self.clause_words
+        if words >= limit:
+            for m in _CLAUSE_END.finditer(buf):
+                if len(buf[:m.end(1)].split()) >= limit:
+                    return self._take(m.end())
+        if words > self.max_words:  # no punctuation at all: cut at the last space
+            cut = buf.rstrip().rfind(" ")
+            if cut > 0:
+                return self._take(cut + 1)
+        return None
+
+    def _take(self, end: int) -> str:
+        chunk, self._buf = self._buf[:end].strip(), self._buf[end:]
+        self._emitted += 1
+        return chunk
