@@ -567,7 +567,7 @@ def simulate_turns(
             tr.instant("speculation", "start", turn, ts_ns=req - MS, branch=2)
         else:
             req = max(final, endpoint) + 2 * MS
-        tr.instant("asr", "final", turn, ts_ns=final, text="hello there")
+        tr.instant("asr", "final", turn, ts_ns=final, flow=flow, text="hello there")
         tr.instant("turn", "endpoint", turn, ts_ns=endpoint, prob=0.9)
         if turn in speculative_turns:
             tr.instant("speculation", "commit", turn, ts_ns=endpoint + MS, branch=2)
