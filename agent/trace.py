@@ -58,6 +58,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+from collections import deque
 import time
 from typing import Any, Iterator, NamedTuple
 
@@ -205,9 +206,10 @@ def record_to_event(rec: dict) -> Event:
 class Tracer:
     """Per-session event recorder with a bounded ring and optional spill.
 
-    Thread-safety: appends are single bytecode-level list stores and are safe
-    enough to call from worker threads under the GIL; ring wrap-around and
-    spill take a lock.
+    Thread-safety: recording is one ``deque.append`` (atomic under the GIL),
+    so worker threads may record concurrently without losing events; spill
+    takes a lock.  The ``total``/``dropped`` statistics are not locked and may
+    undercount under heavy concurrent recording.
     """
 
     def __init__(
@@ -227,11 +229,13 @@ class Tracer:
         #: wall-clock ns (time.time_ns) minus tracer clock ns, for exporters
         #: that need absolute time (OTLP).
         self.wall_offset_ns = time.time_ns() - time.perf_counter_ns()
-        self._ring: list = [None] * self.capacity
-        self._n = 0  # total events ever written to the ring
+        # The ring: deque.append/popleft are atomic under the GIL, so threads
+        # may record concurrently.  Without spill, maxlen drops the oldest;
+        # with spill, the oldest half is written out when it exceeds capacity.
+        self._dq: deque = deque(maxlen=None if spill_path else self.capacity)
+        self._spill_at = self.capacity if spill_path else 1 << 62
+        self._n = 0  # events recorded (statistics only)
         self._spilled = 0  # events written to the spill file
-        self._dropped = 0  # events overwritten without spill
-        self._start = 0  # index (in total-count space) of the oldest live event
         self._ids = itertools.count(1)
         self._open: dict[int, tuple] = {}
         self._lock = threading.Lock()
@@ -245,43 +249,30 @@ class Tracer:
         return time.perf_counter_ns()
 
     def _append(self, ev: tuple) -> None:
-        n = self._n
-        if n - self._start >= self.capacity:
-            self._make_room()
-            n = self._n
-        self._ring[n % self.capacity] = ev
-        self._n = n + 1
+        dq = self._dq
+        dq.append(ev)
+        self._n += 1
+        if len(dq) > self._spill_at:
+            self._spill()
 
-    def _make_room(self) -> None:
+    def _spill(self) -> None:
+        """Write the oldest half of the ring to the spill file, in one batch
+        (amortised cost): one JSONL line holding a JSON array of compact
+        event arrays."""
         with self._lock:
-            live = self._n - self._start
-            if live < self.capacity:
-                return
-            if self.spill_path is None:
-                # Plain ring: overwrite the oldest event.
-                self._start += 1
-                self._dropped += 1
-                return
-            # Spill the oldest half in one batch (amortised cost): one JSONL
-            # line holding a JSON array of compact event arrays.
-            k = self.capacity // 2
+            dq = self._dq
             cap = self.capacity
-            ring = self._ring
+            if len(dq) <= cap:
+                return
             if self._spill_file is None:
                 self._spill_file = open(self.spill_path, "a", encoding="utf-8")
                 self._spill_file.write(_ENC.encode(spill_header(self)) + "\n")
-            a = self._start % cap
-            b = a + k
-            if b <= cap:
-                batch = ring[a:b]
-                ring[a:b] = [None] * k
-            else:
-                batch = ring[a:] + ring[: b - cap]
-                ring[a:] = [None] * (cap - a)
-                ring[: b - cap] = [None] * (b - cap)
-            self._spill_file.write(_ENC.encode(batch) + "\n")
-            self._start += k
-            self._spilled += k
+            k = cap // 2
+            pop = dq.popleft
+            while len(dq) > cap:
+                batch = [pop() for _ in range(k)]
+                self._spill_file.write(_ENC.encode(batch) + "\n")
+                self._spilled += k
 
     def instant(
         self,
@@ -294,22 +285,12 @@ class Tracer:
     ) -> None:
         if not self.enabled:
             return
-        n = self._n
-        if n - self._start >= self.capacity:
-            self._make_room()
-            n = self._n
-        self._ring[n % self.capacity] = (
-            "i",
-            ts_ns if ts_ns is not None else self.now_ns(),
-            stage,
-            name,
-            turn,
-            flow,
-            args,
-            0,
-            0,
-        )
-        self._n = n + 1
+        dq = self._dq
+        dq.append(("i", ts_ns if ts_ns is not None else self.now_ns(), stage, name, turn, flow,
+                   args, 0, 0))
+        self._n += 1
+        if len(dq) > self._spill_at:
+            self._spill()
 
     def begin(
         self,
@@ -340,12 +321,11 @@ class Tracer:
         t0, stage, name, turn, flow, a = rec
         if args:
             a = {**a, **args} if a else args
-        n = self._n
-        if n - self._start >= self.capacity:
-            self._make_room()
-            n = self._n
-        self._ring[n % self.capacity] = ("X", t0, stage, name, turn, flow, a, t1 - t0, span_id)
-        self._n = n + 1
+        dq = self._dq
+        dq.append(("X", t0, stage, name, turn, flow, a, t1 - t0, span_id))
+        self._n += 1
+        if len(dq) > self._spill_at:
+            self._spill()
 
     def span(
         self,
@@ -384,27 +364,17 @@ class Tracer:
     ) -> None:
         if not self.enabled:
             return
-        n = self._n
-        if n - self._start >= self.capacity:
-            self._make_room()
-            n = self._n
-        self._ring[n % self.capacity] = (
-            "C",
-            ts_ns if ts_ns is not None else self.now_ns(),
-            stage,
-            name,
-            None,
-            None,
-            {"value": value},
-            0,
-            0,
-        )
-        self._n = n + 1
+        dq = self._dq
+        dq.append(("C", ts_ns if ts_ns is not None else self.now_ns(), stage, name, None, None,
+                   {"value": value}, 0, 0))
+        self._n += 1
+        if len(dq) > self._spill_at:
+            self._spill()
 
     # -------------------------------------------------------------- queries
     def __len__(self) -> int:
         """Events currently held in the ring."""
-        return self._n - self._start
+        return len(self._dq)
 
     @property
     def total(self) -> int:
@@ -417,21 +387,16 @@ class Tracer:
 
     @property
     def dropped(self) -> int:
-        return self._dropped
+        return max(0, self._n - self._spilled - len(self._dq))
 
     def _ring_tuples(self) -> list:
         with self._lock:
-            cap = self.capacity
-            start, n = self._start, self._n
-            ring = self._ring
-            a, b = start % cap, n % cap
-            if n - start == 0:
-                return []
-            if a < b:
-                out = ring[a:b]
-            else:
-                out = ring[a:] + ring[:b]
-            return [e for e in out if e is not None]
+            for _ in range(100):
+                try:
+                    return list(self._dq)  # one C call: atomic under the GIL
+                except RuntimeError:  # pragma: no cover - mutated mid-copy
+                    continue
+            return list(tuple(self._dq))  # pragma: no cover
 
     def events(self, include_spilled: bool = False) -> list[Event]:
         """Snapshot of the ring, oldest first (recording order).
@@ -457,8 +422,8 @@ class Tracer:
 
     def clear(self) -> None:
         with self._lock:
-            self._ring = [None] * self.capacity
-            self._start = self._n = 0
+            self._dq.clear()
+            self._n = 0
             self._open.clear()
 
     def flush(self) -> None:

@@ -54,6 +54,7 @@ from agent.trace import (
 
 __all__ = [
     "to_perfetto",
+    "validate_perfetto",
     "write_perfetto",
     "write_jsonl",
     "read_jsonl",
@@ -291,6 +292,82 @@ def to_perfetto(
             }
         },
     }
+
+
+_NUM = (int, float)
+_REQUIRED: dict[str, dict[str, Any]] = {
+    "X": {"name": str, "cat": str, "ts": _NUM, "dur": _NUM, "pid": int, "tid": int, "args": dict},
+    "i": {"name": str, "cat": str, "ts": _NUM, "pid": int, "tid": int, "s": str, "args": dict},
+    "C": {"name": str, "ts": _NUM, "pid": int, "tid": int, "args": dict},
+    "s": {"name": str, "cat": str, "ts": _NUM, "pid": int, "tid": int, "id": int},
+    "t": {"name": str, "cat": str, "ts": _NUM, "pid": int, "tid": int, "id": int},
+    "f": {"name": str, "cat": str, "ts": _NUM, "pid": int, "tid": int, "id": int},
+    "M": {"name": str, "pid": int, "tid": int, "args": dict},
+}
+
+
+def validate_perfetto(doc: Any) -> list[str]:
+    """Schema-check a Chrome/Perfetto JSON trace as this module writes it.
+
+    Returns a list of problems (empty when valid): required fields and their
+    types per phase, non-negative durations, instant scope, numeric counter
+    values, every flow id with exactly one ``s`` and one ``f`` in time order,
+    and a ``thread_name`` for every track that carries events.  Usable by
+    integration tests on a real session's trace.
+    """
+    errs: list[str] = []
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        return ["no traceEvents list"]
+    flows: dict[Any, list[tuple[float, str]]] = defaultdict(list)
+    named: set[tuple[Any, Any]] = set()
+    used: set[tuple[Any, Any]] = set()
+    for k, te in enumerate(doc["traceEvents"]):
+        ph = te.get("ph") if isinstance(te, dict) else None
+        if ph not in _REQUIRED:
+            errs.append(f"{k}: unknown ph {ph!r}")
+            continue
+        ok = True
+        for field, typ in _REQUIRED[ph].items():
+            if field not in te:
+                errs.append(f"{k}: {ph} lacks {field}")
+                ok = False
+            elif not isinstance(te[field], typ) or isinstance(te[field], bool):
+                errs.append(f"{k}: {ph}.{field} has type {type(te[field]).__name__}")
+                ok = False
+        if not ok:
+            continue
+        if ph == "X" and te["dur"] < 0:
+            errs.append(f"{k}: negative dur")
+        if ph == "i" and te["s"] not in ("t", "p", "g"):
+            errs.append(f"{k}: bad instant scope")
+        if ph == "C" and (not te["args"] or not all(
+                isinstance(v, _NUM) and not isinstance(v, bool) for v in te["args"].values())):
+            errs.append(f"{k}: counter args must be numbers")
+        if ph == "f" and te.get("bp") not in (None, "e"):
+            errs.append(f"{k}: bad bp")
+        if ph == "M":
+            if te["name"] in ("process_name", "thread_name") and not isinstance(
+                    te["args"].get("name"), str):
+                errs.append(f"{k}: metadata without a name")
+            if te["name"] == "thread_name":
+                named.add((te["pid"], te["tid"]))
+        elif ph in ("s", "t", "f"):
+            flows[(te["cat"], te["name"], te["id"])].append((te["ts"], ph))
+            used.add((te["pid"], te["tid"]))
+        else:
+            used.add((te["pid"], te["tid"]))
+    for key, steps in flows.items():
+        phs = [p for _, p in steps]
+        if phs.count("s") != 1 or phs.count("f") != 1:
+            errs.append(f"flow {key}: needs one 's' and one 'f', has {phs}")
+            continue
+        ts_s = next(t for t, p in steps if p == "s")
+        ts_f = next(t for t, p in steps if p == "f")
+        if ts_f < ts_s or any(not ts_s <= t <= ts_f for t, p in steps if p == "t"):
+            errs.append(f"flow {key}: steps out of time order")
+    for track in sorted(used - named):
+        errs.append(f"track {track}: no thread_name")
+    return errs
 
 
 def write_perfetto(events: Tracer | Iterable[Event], path: str, **kw: Any) -> str:

@@ -6,23 +6,11 @@ from collections import defaultdict
 import pytest
 
 from agent.trace import STAGES, Tracer
-from agent.trace_export import load_events, to_perfetto, write_perfetto
+from agent.trace_export import load_events, to_perfetto, validate_perfetto, write_perfetto
 from agent.trace_report import simulate_turns
 
 N_TURNS = 6
 SPEC, BARGE, EXPLICIT = (2, 5), (3,), (4,)
-
-_NUM = (int, float)
-REQUIRED = {
-    "X": {"name": str, "cat": str, "ts": _NUM, "dur": _NUM, "pid": int, "tid": int, "args": dict},
-    "i": {"name": str, "cat": str, "ts": _NUM, "pid": int, "tid": int, "s": str, "args": dict},
-    "C": {"name": str, "ts": _NUM, "pid": int, "tid": int, "args": dict},
-    "s": {"name": str, "cat": str, "ts": _NUM, "pid": int, "tid": int, "id": int},
-    "t": {"name": str, "cat": str, "ts": _NUM, "pid": int, "tid": int, "id": int},
-    "f": {"name": str, "cat": str, "ts": _NUM, "pid": int, "tid": int, "id": int},
-    "M": {"name": str, "pid": int, "tid": int, "args": dict},
-}
-
 
 def _session(sid="s1", **kw):
     tr = Tracer(sid)
@@ -39,35 +27,7 @@ def doc(tmp_path_factory):
         return json.load(f)  # what ui.perfetto.dev would read
 
 
-def validate(doc):
-    """Schema check of a Chrome JSON trace; returns the list of problems."""
-    errs = []
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        return ["no traceEvents list"]
-    for k, te in enumerate(doc["traceEvents"]):
-        ph = te.get("ph")
-        if ph not in REQUIRED:
-            errs.append(f"{k}: unknown ph {ph!r}")
-            continue
-        for field, typ in REQUIRED[ph].items():
-            if field not in te:
-                errs.append(f"{k}: {ph} lacks {field}")
-            elif not isinstance(te[field], typ) or isinstance(te[field], bool):
-                errs.append(f"{k}: {ph}.{field} has type {type(te[field]).__name__}")
-        if ph == "X" and te.get("dur", 0) < 0:
-            errs.append(f"{k}: negative dur")
-        if ph == "i" and te.get("s") not in ("t", "p", "g"):
-            errs.append(f"{k}: bad instant scope")
-        if ph == "C":
-            if not te["args"] or not all(isinstance(v, _NUM) for v in te["args"].values()):
-                errs.append(f"{k}: counter args must be numbers")
-        if ph == "f" and te.get("bp") not in (None, "e"):
-            errs.append(f"{k}: bad bp")
-        if ph == "M" and te["name"] in ("process_name", "thread_name") and not isinstance(
-            te["args"].get("name"), str
-        ):
-            errs.append(f"{k}: metadata name")
-    return errs
+validate = validate_perfetto
 
 
 def test_schema_valid(doc):
@@ -81,8 +41,14 @@ def test_validator_catches_bad_events(doc):
     del x["dur"]
     bad["traceEvents"].append({"ph": "i", "name": "a", "cat": "b", "ts": "1", "pid": 1, "tid": 1,
                                "s": "t", "args": {}})
+    f = next(te for te in bad["traceEvents"] if te["ph"] == "f")
+    bad["traceEvents"].remove(f)  # an unpaired flow
+    bad["traceEvents"].append({"ph": "X", "name": "a", "cat": "b", "ts": 1, "dur": 1, "pid": 9,
+                               "tid": 9, "args": {}})  # a track with no thread_name
     errs = validate(bad)
     assert any("lacks dur" in e for e in errs) and any("ts has type str" in e for e in errs)
+    assert any("needs one 's' and one 'f'" in e for e in errs)
+    assert any("no thread_name" in e for e in errs)
 
 
 def test_one_process_per_session_and_one_track_per_stage():

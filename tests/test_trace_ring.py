@@ -19,7 +19,7 @@ def test_ring_bounded_over_one_million_events():
         instant("llm", "token", 1, ts_ns=i, i=i)
     assert tr.total == N
     assert len(tr) == cap
-    assert len(tr._ring) == cap  # storage never grows
+    assert len(tr._dq) == cap and tr._dq.maxlen == cap  # storage never grows
     assert tr.dropped == N - cap
     evs = tr.events()
     assert len(evs) == cap
@@ -156,3 +156,23 @@ def test_stage_names_documented():
     for s in STAGES:
         assert f"``{s}``" in mod.__doc__
     assert len(set(STAGES)) == 10
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    import threading
+
+    tr = Tracer("s", capacity=1 << 10, spill_path=str(tmp_path / "sp.jsonl"))
+    per = 20_000
+
+    def work(k):
+        for i in range(per):
+            tr.instant("asr", "partial", k, ts_ns=k * per + i)
+
+    ths = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    got = sorted(e.ts_ns for e in tr.events(include_spilled=True))
+    assert got == list(range(4 * per))
+    tr.close()
