@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections import deque
@@ -69,6 +70,7 @@ class TurnRecord:
     reply_text: str = ""
     heard_text: str = ""
     interrupted: bool = False
+    tokens: list[str] = field(default_factory=list, repr=False)
 
     @property
     def voice_to_voice(self) -> float | None:
@@ -96,25 +98,22 @@ class Playout:
     """Sends reply audio in small pieces, at most `lead_s` ahead of real time, and remembers
     which text each piece speaks so the words the user actually heard are known."""
 
-    def __init__(self, transport: Transport, lead_s: float, piece_s: float):
+    def __init__(self, transport: Transport, lead_s: float, piece_s: float, new_id: Callable[[], int]):
         self.transport, self.lead_s, self.piece_s = transport, lead_s, piece_s
+        self._new_id = new_id  # chunk ids are unique for the whole session
         self.t0: float | None = None
         self.sent_s = 0.0
         self.pieces: list[tuple[int, float, str]] = []  # (chunk_id, offset_s, text)
         self.played_ids: set[int] = set()
-        self._next_id = 0
 
-    async def play(self, chunk: AudioChunk, first_id: int) -> None:
-        if self._next_id < first_id:
-            self._next_id = first_id
+    async def play(self, chunk: AudioChunk) -> None:
         for pcm, text in split_chunk(chunk, self.piece_s):
             if self.t0 is None:
                 self.t0 = time.monotonic()
             ahead = self.sent_s - (time.monotonic() - self.t0)
             if ahead > self.lead_s:
                 await asyncio.sleep(ahead - self.lead_s)
-            cid = self._next_id
-            self._next_id += 1
+            cid = self._new_id()
             self.pieces.append((cid, self.sent_s, text))
             await self.transport.send_audio(AudioOut(pcm, chunk.sample_rate, cid, text))
             self.sent_s += pcm.size / chunk.sample_rate
@@ -133,10 +132,6 @@ class Playout:
             elapsed = time.monotonic() - self.t0 if self.t0 is not None else 0.0
             said = [t for _, off, t in self.pieces if off <= elapsed]
         return " ".join(t for t in said if t).strip()
-
-    @property
-    def next_id(self) -> int:
-        return self._next_id
 
 
 def split_chunk(chunk: AudioChunk, piece_s: float) -> list[tuple[np.ndarray, str]]:
@@ -172,7 +167,7 @@ class Session:
         self._asr_q: asyncio.Queue = asyncio.Queue(maxsize=self.config.asr_queue)
         self._reply_task: asyncio.Task | None = None
         self._playout: Playout | None = None
-        self._chunk_ids = 0
+        self._chunk_ids = itertools.count()
         self._closed = asyncio.Event()
 
     # ---- clocks ---------------------------------------------------------------------------
@@ -315,6 +310,7 @@ class Session:
         if playout is not None and self.records and task is not None:
             rec = self.records[-1]
             rec.interrupted = True
+            rec.reply_text = "".join(rec.tokens).strip()
             rec.heard_text = playout.heard_text(self.transport.reports_playout)
             self._remember(rec.user_text, rec.heard_text)
         self._playout = None
@@ -329,10 +325,11 @@ class Session:
     async def _reply(self, rec: TurnRecord) -> None:
         messages: list[Message] = [{"role": "system", "content": self.config.system_prompt},
                                    *self.history, {"role": "user", "content": rec.user_text}]
-        playout = self._playout = Playout(self.transport, self.config.playout_lead_s, self.config.piece_s)
+        playout = self._playout = Playout(self.transport, self.config.playout_lead_s, self.config.piece_s,
+                                         lambda: next(self._chunk_ids))
         text_q: asyncio.Queue = asyncio.Queue(maxsize=self.config.text_queue)
         self.tracer.instant("llm", "request", turn=rec.index)
-        tokens: list[str] = []
+        tokens = rec.tokens
         waterfall = self.config.mode == "waterfall"
 
         held: list[str] = []  # waterfall: the whole answer is kept until the LLM is done
@@ -410,8 +407,7 @@ class Session:
             self.turns.on_reply_started(rec.first_audio_out)
             self.tracer.instant("transport", "send_audio", turn=rec.index)
             await self._send({"type": "state", "state": self.turns.state.value})
-        await playout.play(chunk, self._chunk_ids)
-        self._chunk_ids = playout.next_id
+        await playout.play(chunk)
 
 
 async def _next_async(it):

@@ -63,7 +63,6 @@ class TurnMachine:
         self.transitions: list[tuple[float, State, State]] = []
         self._speech_run = 0.0  # seconds of consecutive speech frames
         self._silence_run = 0.0
-        self._speech_started_at = 0.0
         self._last_speech_end = 0.0
         self._in_speech = False
         self._utterance_start = 0.0
@@ -77,8 +76,6 @@ class TurnMachine:
         """One VAD frame ending at stream time `t` (seconds) with speech probability `prob`."""
         c = self.config
         if prob >= c.speech_threshold or (self._in_speech and prob > c.silence_threshold):
-            if not self._in_speech:
-                self._speech_started_at = t - frame_s
             self._in_speech = True
             self._speech_run += frame_s
             self._silence_run = 0.0
@@ -97,6 +94,7 @@ class TurnMachine:
             too_long = t - self._utterance_start >= c.max_utterance_s
             if (not self._in_speech and self._silence_run >= c.endpoint_silence_s) or too_long:
                 end = t if (too_long and self._in_speech) else self._last_speech_end
+                self._speech_run = 0.0  # speech that goes on after a forced end must build up anew
                 self._go(t, State.THINKING)
                 out.append(EndOfTurn(end))
         elif self.state in (State.THINKING, State.BOT_SPEAKING):
@@ -107,8 +105,8 @@ class TurnMachine:
 
     def _start_user(self, t: float) -> StartUtterance:
         self._go(t, State.USER_SPEAKING)
-        self._utterance_start = self._speech_started_at
-        return StartUtterance(self._speech_started_at)
+        self._utterance_start = t - self._speech_run  # start of the speech run that opened it
+        return StartUtterance(self._utterance_start)
 
     def on_reply_started(self, t: float) -> None:
         """The first reply audio went out."""

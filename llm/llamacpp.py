@@ -37,7 +37,8 @@ class LlamaCppChat:
             finally:
                 chunks.close()
 
-    async def stream(self, messages: list[Message], max_tokens: int | None = None) -> AsyncIterator[str]:
+    def stream(self, messages: list[Message], max_tokens: int | None = None) -> AsyncIterator[str]:
+        # Return the bridge's generator itself (not a wrapper around it), so that closing the
+        # stream closes the bridge at once and the worker thread has stopped when aclose() returns.
         n = max_tokens or self.max_tokens
-        async for piece in iterate_in_thread(lambda stop: self._generate(messages, n, stop), maxsize=64):
-            yield piece
+        return iterate_in_thread(lambda stop: self._generate(messages, n, stop), maxsize=64)

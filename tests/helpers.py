@@ -1,0 +1,40 @@
+"""Shared test helpers: synthetic speech with flite, WAV building, a free port."""
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+DEV = SHARED / "speech" / "dev"
+
+
+def flite_available() -> bool:
+    return shutil.which("flite") is not None
+
+
+def say(text: str, path: Path, rate: int = 16000) -> np.ndarray:
+    """Speak `text` with flite (voice slt) into a 16-bit WAV at `rate`; return float32 samples."""
+    raw = path.with_suffix(".raw.wav")
+    subprocess.run(["flite", "-voice", "slt", "-t", text, "-o", str(raw)], check=True)
+    data, r = sf.read(raw, dtype="float32")
+    if r != rate:
+        from transport.audio import resample
+
+        data = resample(data, r, rate)
+    sf.write(path, data, rate, subtype="PCM_16")
+    return data
+
+
+def silence(seconds: float, rate: int = 16000) -> np.ndarray:
+    return np.zeros(int(seconds * rate), dtype=np.float32)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,45 @@
+"""The default recognizer, streamed in 20 ms pushes, over the real recordings in shared/speech/dev."""
+import numpy as np
+import pytest
+import soundfile as sf
+
+from asr.wer import normalize, wer
+from helpers import DEV
+
+pytestmark = pytest.mark.models
+
+
+def test_normalizer():
+    assert normalize("Mr. Smith, 29340 - ten!") == ["mister", "smith", "2", "9", "3", "4", "0", "10"]
+    assert wer(["a b c"], ["a x c"]) == pytest.approx(1 / 3)
+
+
+@pytest.mark.skipif(not (DEV / "transcripts.tsv").exists(), reason="shared/speech/dev is missing")
+def test_default_recognizer_wer_on_dev_set():
+    from asr import load_recognizer
+
+    rec = load_recognizer()
+    refs, hyps = [], []
+    for line in (DEV / "transcripts.tsv").read_text().splitlines():
+        name, ref = line.split("\t")
+        audio, rate = sf.read(DEV / name, dtype="float32")
+        assert rate == rec.sample_rate
+        stream = rec.open_stream()
+        partials = []
+        for i in range(0, audio.size, 320):
+            stream.push(audio[i:i + 320])
+            if (p := stream.partial()) is not None:
+                partials.append(p)
+        final = stream.finalize()
+        assert final.final and final.words, name
+        assert all(a.start <= b.start for a, b in zip(final.words, final.words[1:]))
+        assert final.words[-1].end <= audio.size / rate + 0.5
+        if audio.size / rate > 2.5:
+            assert partials, f"{name}: no partial during {audio.size / rate:.1f} s of audio"
+        refs.append(ref)
+        hyps.append(final.text)
+    score = wer(refs, hyps)
+    print(f"WER {score:.3f} over {len(refs)} clips")
+    for r, h in zip(refs, hyps):
+        print(f"  {r!r} -> {h!r}")
+    assert score <= 0.12

@@ -1,0 +1,61 @@
+"""The browser wire format: pure functions, fuzzed."""
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from transport.web.protocol import (
+    MAX_AUDIO_BYTES, ClientAudio, ClientControl, ProtocolError, decode_audio, decode_client, encode_audio)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=MAX_AUDIO_BYTES + 10), st.text(max_size=200)))
+def test_decode_never_crashes(message):
+    try:
+        out = decode_client(message)
+    except ProtocolError as exc:
+        assert exc.code and str(exc)
+    else:
+        assert isinstance(out, (ClientAudio, ClientControl))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["type", "sample_rate", "id", "event", "t"]),
+                       st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=10),
+                                 st.sampled_from(["hello", "played", "ping", "start", "end"]))))
+def test_json_controls_are_validated(obj):
+    try:
+        out = decode_client(json.dumps(obj))
+    except ProtocolError:
+        return
+    if out.type == "hello":
+        assert 8000 <= out.data["sample_rate"] <= 48000
+    if out.type == "played":
+        assert isinstance(out.data["id"], int) and out.data["event"] in ("start", "end")
+
+
+def test_specific_errors():
+    with pytest.raises(ProtocolError) as e:
+        decode_client(b"\x00" * (MAX_AUDIO_BYTES + 2))
+    assert e.value.code == "frame_too_large"
+    with pytest.raises(ProtocolError) as e:
+        decode_client("{not json")
+    assert e.value.code == "bad_json"
+    with pytest.raises(ProtocolError) as e:
+        decode_client('{"type": "launch_missiles"}')
+    assert e.value.code == "unknown_type"
+    with pytest.raises(ProtocolError) as e:
+        decode_client('{"type": "hello", "sample_rate": 1000}')
+    assert e.value.code == "bad_sample_rate"
+    with pytest.raises(ProtocolError) as e:
+        decode_client(b"\x00\x01\x02")
+    assert e.value.code == "bad_audio"
+
+
+def test_audio_round_trip():
+    pcm = (np.arange(-500, 500) * 30).astype(np.int16)
+    cid, back = decode_audio(encode_audio(123456, pcm))
+    assert cid == 123456 and np.array_equal(back, pcm)
+    out = decode_client(pcm.astype("<i2").tobytes())
+    assert np.allclose(out.pcm * 32768, pcm)
