@@ -179,6 +179,8 @@ class StreamingEngine(nn.Module):
         self.register_buffer("pcm", torch.zeros(B, self.frame_size, device=dev), persistent=False)
         self.register_buffer("active", torch.zeros(B, dtype=torch.bool, device=dev), persistent=False)
         self.register_buffer("logits", torch.zeros(B, c.vocab_size, device=dev), persistent=False)
+        self.register_buffer("codes", torch.zeros(B, c.num_codebooks, dtype=torch.long, device=dev),
+                             persistent=False)  # audio codes of the last step (for inspection)
         k0, v0, tok0 = self.lm.bos_prefix()
         self.register_buffer("k0", k0, persistent=False)
         self.register_buffer("v0", v0, persistent=False)
@@ -226,6 +228,7 @@ class StreamingEngine(nn.Module):
         """One step for all slots, reading `self.pcm` / `self.active`; returns tokens (B,) on device."""
         c, active, ar = self.config, self.active, self._ar
         codes = self.mimi.step(self.pcm, active)
+        self.codes.copy_(codes)
         x = self.lm.embed_inputs(self.text, codes).to(self.k_cache.dtype)
         B = x.shape[0]
         pos = self.pos

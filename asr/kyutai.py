@@ -68,8 +68,10 @@ def tiny_hf_model(seed: int = 0, window: int = 8, layers: int = 2, codebooks: in
         for name, t in model.state_dict().items():
             if "embed_sum" in name:  # transformers initialises codebooks to zeros: all codes tie
                 t.copy_(torch.randn(t.shape, generator=g))
-            elif "layer_scale" in name:
-                t.copy_(torch.rand(t.shape, generator=g))
+            elif "layer_scale" in name:  # default 0.01 would make the codec transformer invisible
+                t.copy_(1.0 + torch.rand(t.shape, generator=g))
+            elif "encoder_transformer" in name and name.endswith("proj.weight"):
+                t.copy_(torch.randn(t.shape, generator=g) * 0.5)
             elif name.startswith("model.") or name.startswith("lm_head"):
                 if t.dtype.is_floating_point and "norm" not in name:
                     t.copy_(torch.randn(t.shape, generator=g) * 0.2)  # larger than init: varied tokens

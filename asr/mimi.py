@@ -180,6 +180,7 @@ class MimiStreamingEncoder(nn.Module):
         self.register_buffer("kpos", torch.full((batch, self.ctx), -1, dtype=torch.long), persistent=False)
         self.register_buffer("pos", torch.zeros(batch, dtype=torch.long), persistent=False)
         self.register_buffer("fresh", torch.ones(batch, dtype=torch.bool), persistent=False)
+        self.register_buffer("latent", torch.zeros(batch, spec.hidden_size), persistent=False)  # last step
         inv = 1.0 / (spec.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
         self.register_buffer("inv_freq", inv, persistent=False)
 
@@ -282,6 +283,7 @@ class MimiStreamingEncoder(nn.Module):
             x = m(x) if isinstance(m, nn.ELU) else m(x, active, fresh)
         x = self._transformer(x.transpose(1, 2), active)
         latent = self.downsample(x.transpose(1, 2), active, fresh)  # (B, D, 1)
+        self.latent.copy_(latent[:, :, 0])
         self.fresh.copy_(self.fresh & ~active)
         return self._quantize(latent[:, :, 0])
 

@@ -13,6 +13,15 @@ WINDOW = 8
 FRAME = 1920
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one thread is faster and immune to a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def hf():
     return tiny_hf_model(seed=0, window=WINDOW)
@@ -103,12 +112,16 @@ def test_mimi_streaming_equals_full_encode(hf):
     ref = _hf_codes(hf, audio)
     rng = np.random.default_rng(0)
     active = torch.tensor([False, True, False])
-    got = []
+    got, latents = [], []
     with torch.no_grad():
         for f in range(frames):
             pcm = torch.from_numpy(rng.standard_normal((3, FRAME)).astype(np.float32) * 100)  # garbage rows
             pcm[1] = torch.from_numpy(audio[f * FRAME:(f + 1) * FRAME])
             got.append(enc.step(pcm, active)[1])
+            latents.append(enc.latent[1].clone())
     got = torch.stack(got)
+    with torch.no_grad():
+        ref_latents = hf.codec_model.encoder(torch.from_numpy(audio)[None, None]).latents[0].T
+    torch.testing.assert_close(torch.stack(latents), ref_latents, atol=1e-4, rtol=1e-4)
     assert torch.equal(got, ref)
     assert len(torch.unique(ref)) > 4, "degenerate codebooks"

@@ -1,0 +1,148 @@
+"""Slot isolation, reset hygiene and fixed memory of the batched engine (tiny random models)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from asr.engine import StreamingEngine
+from asr.kyutai import engine_from_hf, tiny_hf_model
+from asr.mimi import _StreamConv
+
+WINDOW = 8
+FRAME = 1920
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one thread is faster and immune to a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return tiny_hf_model(seed=0, window=WINDOW)
+
+
+def _audio(seed: int, frames: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(frames * FRAME) / 24000
+    return (0.3 * np.sin(2 * np.pi * (150 + 40 * seed) * t) + 0.2 * rng.standard_normal(t.size)).astype(np.float32)
+
+
+def _run_schedule(engine: StreamingEngine, schedule: dict[int, tuple[int, np.ndarray]], ticks: int,
+                  idle: dict[int, set[int]], garbage_seed: int):
+    """Run several streams; schedule[row] = (start tick, audio). Rows tick only when not idle.
+
+    Returns, per row, the list of (tokens, logits) of its own frames. Idle and unused rows get
+    random garbage pcm (seeded by `garbage_seed`).
+    """
+    B = engine.batch_size
+    rng = np.random.default_rng(garbage_seed)
+    cursor = {row: 0 for row in schedule}
+    out = {row: ([], []) for row in schedule}
+    for tick in range(ticks):
+        pcm = (rng.standard_normal((B, FRAME)) * 10).astype(np.float32)
+        active = np.zeros(B, bool)
+        reset = []
+        for row, (start, audio) in schedule.items():
+            if tick == start:
+                reset.append(row)
+            if tick >= start and tick not in idle.get(row, ()) and cursor[row] < audio.size // FRAME:
+                f = cursor[row]
+                pcm[row] = audio[f * FRAME:(f + 1) * FRAME]
+                active[row] = True
+                cursor[row] += 1
+        tokens = engine.step(pcm, active, reset=reset)
+        for row in schedule:
+            if active[row]:
+                out[row][0].append(int(tokens[row]))
+                out[row][1].append(engine.logits[row].clone())
+    for row, (start, audio) in schedule.items():
+        assert cursor[row] == audio.size // FRAME, "schedule too short"
+    return {row: (toks, torch.stack(lg)) for row, (toks, lg) in out.items()}
+
+
+def _alone(hf, audio: np.ndarray):
+    engine = engine_from_hf(hf, batch_size=1)
+    res = _run_schedule(engine, {0: (0, audio)}, audio.size // FRAME, {}, garbage_seed=99)
+    return res[0]
+
+
+def test_slots_are_isolated(hf):
+    frames = 3 * WINDOW
+    audios = {row: _audio(10 + row, frames) for row in range(5)}
+    starts = {0: 0, 1: 3, 2: 7, 3: 11, 4: 2}
+    idle = {1: {5, 6, 20}, 2: {9, 10, 11, 12}, 3: {14}, 4: set(range(4, 12))}
+    ticks = max(starts.values()) + frames + 12
+    engine = engine_from_hf(hf, batch_size=6)  # row 5 is never used: garbage only
+    got = _run_schedule(engine, {r: (starts[r], audios[r]) for r in audios}, ticks, idle, garbage_seed=1)
+    for row, audio in audios.items():
+        tokens, logits = _alone(hf, audio)
+        assert got[row][0] == tokens, f"row {row} tokens differ from running alone"
+        torch.testing.assert_close(got[row][1], logits, atol=1e-4, rtol=1e-4)
+
+
+def test_slot_output_independent_of_other_slots_inputs(hf):
+    frames = 3 * WINDOW
+    mine = _audio(1, frames)
+    runs = []
+    for other_seed in (2, 3):
+        engine = engine_from_hf(hf, batch_size=4)
+        schedule = {0: (2, mine), 1: (0, _audio(other_seed, frames)), 3: (5, _audio(other_seed + 7, frames))}
+        runs.append(_run_schedule(engine, schedule, frames + 10, {1: {4, 5}}, garbage_seed=other_seed))
+    assert runs[0][1][0] != runs[1][1][0], "the other slot's inputs should differ"
+    assert runs[0][0][0] == runs[1][0][0]
+    assert torch.equal(runs[0][0][1], runs[1][0][1])
+
+
+def _poison_row(engine: StreamingEngine, row: int) -> None:
+    with torch.no_grad():
+        engine.k_cache[:, row] = float("nan")
+        engine.v_cache[:, row] = float("nan")
+        engine.k_cache[:, row, :, :, :1] = float("inf")
+        engine.kpos[row] = torch.randint(-5, 10**9, engine.kpos[row].shape)
+        engine.pos[row] = 123456789
+        engine.text[row] = 7
+        engine.logits[row] = float("nan")
+        m = engine.mimi
+        m.k_cache[:, row] = float("nan")
+        m.v_cache[:, row] = float("inf")
+        m.kpos[row] = 5
+        m.pos[row] = 10**7
+        m.fresh[row] = False
+        for conv in m.modules():
+            if isinstance(conv, _StreamConv):
+                conv.cache[row] = float("nan")
+
+
+def test_reset_slot_is_bit_identical_to_fresh_pool(hf):
+    frames = 3 * WINDOW
+    audio = _audio(5, frames)
+    dirty = engine_from_hf(hf, batch_size=3)
+    _run_schedule(dirty, {1: (0, _audio(6, frames)), 2: (0, _audio(7, frames))}, frames, {}, garbage_seed=3)
+    _poison_row(dirty, 1)
+    _poison_row(dirty, 0)
+    fresh = engine_from_hf(hf, batch_size=3)
+    a = _run_schedule(dirty, {1: (0, audio)}, frames, {}, garbage_seed=4)[1]
+    b = _run_schedule(fresh, {1: (0, audio)}, frames, {}, garbage_seed=4)[1]
+    assert a[0] == b[0]
+    assert torch.equal(a[1], b[1])
+    assert torch.isfinite(a[1]).all()
+
+
+def test_poisoned_neighbour_does_not_leak(hf):
+    """NaN in an idle row's state never reaches an active row."""
+    frames = 2 * WINDOW
+    audio = _audio(8, frames)
+    engine = engine_from_hf(hf, batch_size=3)
+    _poison_row(engine, 0)
+    _poison_row(engine, 2)
+    got = _run_schedule(engine, {1: (0, audio)}, frames, {}, garbage_seed=5)[1]
+    alone = _alone(hf, audio)
+    assert got[0] == alone[0]
+    torch.testing.assert_close(got[1], alone[1], atol=1e-4, rtol=1e-4)
