@@ -5,6 +5,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import statistics
 import sys
 
@@ -29,6 +30,39 @@ def _session_config(args):
     return cfg
 
 
+def _trace_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", action="store_true",
+                   help="also wrap the run in torch.profiler; its trace goes next to ours (*.torch.json)")
+
+
+def _write_trace(tracer, path: str) -> None:
+    from agent.trace_export import write_jsonl, write_perfetto
+
+    write_perfetto(tracer, path)
+    write_jsonl(tracer, path.removesuffix(".json") + ".jsonl")
+
+
+async def _run_traced(session, tracer) -> None:
+    """Run a session, sampling memory into the trace while it runs."""
+    from agent.profiling import MemorySampler
+
+    if tracer is None:
+        await session.run()
+        return
+    async with MemorySampler(tracer, period_s=0.5):
+        await session.run()
+
+
+def _profiling(args, trace_path: str | None):
+    import contextlib
+
+    if not getattr(args, "profile", False):
+        return contextlib.nullcontext()
+    from agent.profiling import profile_path_for, torch_profiler
+
+    return torch_profiler(profile_path_for(trace_path or "duplex.trace.json"))
+
+
 def _load(args):
     from agent.models import ModelChoice, load_models
 
@@ -39,14 +73,25 @@ def cmd_serve(args) -> int:
     from agent.session import Session
     from transport.web.server import run_server
 
+    from agent.trace import Tracer
+
     models = _load(args)
     counter = iter(range(1 << 62))
 
     async def handler(transport) -> None:
-        await Session(models, transport, _session_config(args), session_id=f"web{next(counter)}").run()
+        sid = f"web{next(counter)}"
+        tracer = Tracer(sid, capacity=1 << 17) if args.trace_dir else None
+        session = Session(models, transport, _session_config(args), tracer=tracer, session_id=sid)
+        try:
+            await _run_traced(session, tracer)
+        finally:
+            if tracer is not None:
+                path = os.path.join(args.trace_dir, f"{sid}.trace.json")
+                await asyncio.to_thread(_write_trace, tracer, path)
 
     try:
-        asyncio.run(run_server(handler, args.host, args.port, models.tts.sample_rate))
+        with _profiling(args, os.path.join(args.trace_dir or ".", "serve.trace.json")):
+            asyncio.run(run_server(handler, args.host, args.port, models.tts.sample_rate))
     except KeyboardInterrupt:
         pass
     return 0
@@ -60,11 +105,17 @@ def cmd_run(args) -> int:
     turns = [load_turn(p) for p in args.input]
     transport = WavConversationTransport(turns, models.tts.sample_rate, args.output, gap_s=args.gap,
                                          realtime=not args.fast)
-    session = Session(models, transport, _session_config(args), session_id="run")
+    from agent.trace import Tracer
+
+    tracer = Tracer("run", capacity=1 << 18) if args.trace else None
+    session = Session(models, transport, _session_config(args), tracer=tracer, session_id="run")
     try:
-        asyncio.run(session.run())
+        with _profiling(args, args.trace):
+            asyncio.run(_run_traced(session, tracer))
     finally:
         transport.close()
+        if tracer is not None:
+            _write_trace(tracer, args.trace)
     rows = [r.summary() for r in session.records]
     log_file = open(args.log, "w") if args.log else None
     for row in rows:
@@ -106,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("serve", help="serve the browser agent over HTTP + WebSocket")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--trace-dir", help="write a Perfetto trace (+ JSONL log) per session here")
+    _trace_args(p)
     _model_args(p)
     p.set_defaults(func=cmd_serve)
 
@@ -115,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log", help="write per-turn JSON lines here too")
     p.add_argument("--gap", type=float, default=1.0, help="silence after a reply before the next input (s)")
     p.add_argument("--fast", action="store_true", help="feed input as fast as possible (latencies meaningless)")
+    p.add_argument("--trace", help="write a Perfetto trace here (and a JSONL event log beside it)")
+    _trace_args(p)
     _model_args(p)
     p.set_defaults(func=cmd_run)
 

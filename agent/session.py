@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agent.profiling import profile_region
+from agent.trace import NullTracer, Tracer
 from agent.turns import BargeIn, EndOfTurn, StartUtterance, State, TurnConfig, TurnMachine
 from asr.base import Hypothesis, StreamingRecognizer
 from llm.base import ChatModel, Message
@@ -57,7 +59,7 @@ class Models:
 
 @dataclass
 class TurnRecord:
-    """What happened in one user turn, with monotonic wall-clock times (seconds)."""
+    """What happened in one user turn, with time.perf_counter() times (seconds)."""
 
     index: int
     speech_end: float = 0.0
@@ -70,6 +72,7 @@ class TurnRecord:
     reply_text: str = ""
     heard_text: str = ""
     interrupted: bool = False
+    mouth_to_ear_ms: float | None = None  # measured in the page, when the transport has one
     tokens: list[str] = field(default_factory=list, repr=False)
 
     @property
@@ -86,12 +89,8 @@ class TurnRecord:
             "llm_ttft_ms": ms(self.llm_first_token, self.asr_final),
             "tts_first_chunk_ms": ms(self.tts_first_chunk, self.llm_first_token),
             "voice_to_voice_ms": ms(self.first_audio_out, self.speech_end),
+            "mouth_to_ear_ms": self.mouth_to_ear_ms,
         }
-
-
-class _NullTracer:
-    def instant(self, *a, **k) -> None: ...
-    def counter(self, *a, **k) -> None: ...
 
 
 class Playout:
@@ -109,8 +108,8 @@ class Playout:
     async def play(self, chunk: AudioChunk) -> None:
         for pcm, text in split_chunk(chunk, self.piece_s):
             if self.t0 is None:
-                self.t0 = time.monotonic()
-            ahead = self.sent_s - (time.monotonic() - self.t0)
+                self.t0 = time.perf_counter()
+            ahead = self.sent_s - (time.perf_counter() - self.t0)
             if ahead > self.lead_s:
                 await asyncio.sleep(ahead - self.lead_s)
             cid = self._new_id()
@@ -120,7 +119,7 @@ class Playout:
 
     async def wait_played(self) -> None:
         if self.t0 is not None:
-            remaining = self.t0 + self.sent_s - time.monotonic()
+            remaining = self.t0 + self.sent_s - time.perf_counter()
             if remaining > 0:
                 await asyncio.sleep(remaining)
 
@@ -129,7 +128,7 @@ class Playout:
         if use_marks:
             said = [t for cid, _, t in self.pieces if cid in self.played_ids]
         else:
-            elapsed = time.monotonic() - self.t0 if self.t0 is not None else 0.0
+            elapsed = time.perf_counter() - self.t0 if self.t0 is not None else 0.0
             said = [t for _, off, t in self.pieces if off <= elapsed]
         return " ".join(t for t in said if t).strip()
 
@@ -151,7 +150,7 @@ class Session:
                  tracer=None, session_id: str = "s0"):
         self.models, self.transport = models, transport
         self.config = config or SessionConfig()
-        self.tracer = tracer or _NullTracer()
+        self.tracer: Tracer = tracer if tracer is not None else NullTracer(session_id)
         self.session_id = session_id
         self.turns = TurnMachine(self.config.turns)
         self.history: list[Message] = []
@@ -160,7 +159,7 @@ class Session:
         self._asr = models.asr.open_stream()
         self._resampler: StreamResampler | None = None
         self._t_audio = 0.0  # stream time: seconds of 16 kHz audio received
-        self._wall_at_t = time.monotonic()
+        self._wall_at_t = time.perf_counter()
         self._preroll: deque[np.ndarray] = deque()
         self._preroll_n = 0
         self._utterance_active = False
@@ -189,8 +188,7 @@ class Session:
                 elif isinstance(event, Played):
                     self._on_played(event)
                 elif isinstance(event, ClientEvent):
-                    self.tracer.instant("client", event.kind, **{k: v for k, v in event.data.items()
-                                                                 if isinstance(v, (int, float, str))})
+                    self._on_client_event(event)
         finally:
             self._closed.set()
             for task in (self._reply_task, asr_task):
@@ -212,7 +210,7 @@ class Session:
         if x.size == 0:
             return
         self._t_audio += x.size / ASR_RATE
-        self._wall_at_t = time.monotonic()
+        self._wall_at_t = time.perf_counter()
         self._preroll.append(x)
         self._preroll_n += x.size
         while self._preroll_n - self._preroll[0].size >= self.config.turns.preroll_s * ASR_RATE:
@@ -230,7 +228,7 @@ class Session:
             await self._on_command(cmd)
 
     async def _on_command(self, cmd) -> None:
-        now = time.monotonic()
+        now = time.perf_counter()
         if isinstance(cmd, BargeIn):
             self.tracer.instant("turn", "barge_in", turn=len(self.records))
             await self._barge_in()
@@ -243,17 +241,28 @@ class Session:
             self._utterance_active = False
             rec = TurnRecord(index=len(self.records), speech_end=self.wall_of(cmd.t_speech_end), endpoint=now)
             self.records.append(rec)
-            self.tracer.instant("turn", "user_speech_end", turn=rec.index)
-            self.tracer.instant("turn", "endpoint", turn=rec.index)
+            self.tracer.instant("turn", "user_speech_end", turn=rec.index, ts_ns=_ns(rec.speech_end))
+            self.tracer.instant("turn", "endpoint", turn=rec.index, ts_ns=_ns(now))
             await self._asr_q.put(("final", rec))
-            await self._send({"type": "endpoint", "turn": rec.index, "speech_end_ms": rec.speech_end * 1000})
+            await self._send({"type": "endpoint", "turn": rec.index, "speech_end_ms": rec.speech_end * 1000,
+                              "speech_end_stream_s": round(cmd.t_speech_end, 3)})
             await self._send({"type": "state", "state": self.turns.state.value})
 
     def _on_played(self, ev: Played) -> None:
         if self._playout is not None and ev.event == "start":
             self._playout.played_ids.add(ev.chunk_id)
+        ts = _ns(ev.server_time) if ev.server_time is not None else None
         self.tracer.instant("client", "playout_start" if ev.event == "start" else "playout_end",
-                            turn=len(self.records) - 1, chunk=ev.chunk_id)
+                            turn=len(self.records) - 1, ts_ns=ts, chunk=ev.chunk_id)
+
+    def _on_client_event(self, ev: ClientEvent) -> None:
+        if ev.kind == "metrics":
+            turn, m2e = ev.data.get("turn"), ev.data.get("mouth_to_ear_ms")
+            if isinstance(turn, int) and 0 <= turn < len(self.records) and isinstance(m2e, (int, float)):
+                self.records[turn].mouth_to_ear_ms = round(float(m2e), 1)
+                self.tracer.instant("client", "mouth_to_ear", turn=turn, ms=float(m2e))
+            return
+        self.tracer.instant("client", ev.kind, **{k: v for k, v in ev.data.items() if isinstance(v, (int, float, str))})
 
     # ---- recognizer -------------------------------------------------------------------------
     async def _asr_loop(self) -> None:
@@ -270,27 +279,33 @@ class Session:
                 except OverflowError:
                     continue  # the turn machine ends the utterance before this; never grow
                 if self._asr_q.empty():  # only decode partials when not behind
-                    hyp = await asyncio.to_thread(self._asr.partial)
+                    hyp = await asyncio.to_thread(self._traced, "asr", "partial_decode", self._asr.partial)
                     if hyp is not None and hyp.text and hyp.text != last_partial:
                         last_partial = hyp.text
                         self.tracer.instant("asr", "partial", turn=len(self.records), text=hyp.text)
                         await self._send({"type": "partial", "text": hyp.text, "stable": hyp.stable_text})
             elif op == "final":
-                hyp: Hypothesis = await asyncio.to_thread(self._asr.finalize)
+                hyp: Hypothesis = await asyncio.to_thread(self._traced, "asr", "final_decode", self._asr.finalize)
                 rec: TurnRecord = arg
-                rec.asr_final = time.monotonic()
+                rec.asr_final = time.perf_counter()
                 rec.user_text = hyp.text
                 self.tracer.instant("asr", "final", turn=rec.index, text=hyp.text)
                 await self._send({"type": "final", "turn": rec.index, "text": hyp.text,
                                   "words": [[w.text, round(w.start, 3), round(w.end, 3)] for w in hyp.words]})
                 await self._start_reply(rec)
 
+    def _traced(self, stage: str, name: str, fn):
+        """Run a blocking model call (in a worker thread) inside a trace span."""
+        turn = len(self.records) - 1 if self.turns.state == State.THINKING else len(self.records)
+        with self.tracer.span(stage, name, turn=turn), profile_region(f"{stage}.{name}"):
+            return fn()
+
     # ---- reply ------------------------------------------------------------------------------
     async def _start_reply(self, rec: TurnRecord) -> None:
         await self._cancel_reply()
         if not any(ch.isalnum() for ch in rec.user_text) or self.turns.state != State.THINKING:
             if self.turns.state == State.THINKING:
-                self.turns.on_reply_finished(time.monotonic())
+                self.turns.on_reply_finished(time.perf_counter())
                 await self._send({"type": "state", "state": self.turns.state.value})
             return
         self._reply_task = asyncio.create_task(self._reply(rec), name=f"reply-{rec.index}")
@@ -342,21 +357,31 @@ class Session:
 
         async def think() -> None:
             chunker = TextChunker()
+            span = self.tracer.begin("llm", "generate", turn=rec.index, model=getattr(self.models.llm, "name", "llm"))
+            try:
+                await generate(chunker)
+            except asyncio.CancelledError:
+                self.tracer.instant("llm", "cancel", turn=rec.index)
+                raise
+            finally:
+                self.tracer.end(span, tokens=len(tokens))
+            for piece in chunker.flush():
+                await emit(piece)
+            self.tracer.instant("llm", "done", turn=rec.index)
+            if not waterfall:
+                await text_q.put(None)
+
+        async def generate(chunker: TextChunker) -> None:
             async with contextlib.aclosing(self.models.llm.stream(messages, self.config.max_tokens)) as toks:
                 async for tok in toks:
                     if not tokens:
-                        rec.llm_first_token = time.monotonic()
+                        rec.llm_first_token = time.perf_counter()
                         self.tracer.instant("llm", "first_token", turn=rec.index)
                     tokens.append(tok)
                     self.tracer.instant("llm", "token", turn=rec.index, text=tok)
                     await self._send({"type": "bot_text", "turn": rec.index, "text": tok})
                     for piece in chunker.push(tok):
                         await emit(piece)
-            for piece in chunker.flush():
-                await emit(piece)
-            self.tracer.instant("llm", "done", turn=rec.index)
-            if not waterfall:
-                await text_q.put(None)
 
         async def texts() -> AsyncIterator[str]:
             if waterfall:
@@ -369,13 +394,22 @@ class Session:
                 yield piece
 
         async def speak() -> None:
+            try:
+                await synthesize()
+            except asyncio.CancelledError:
+                self.tracer.instant("tts", "cancel", turn=rec.index)
+                raise
+            self.tracer.instant("tts", "done", turn=rec.index)
+
+        async def synthesize() -> None:
             audio: list[AudioChunk] = []
             async with contextlib.aclosing(self.models.tts.stream(texts())) as chunks:
                 async for chunk in chunks:
                     if not rec.tts_first_chunk:
-                        rec.tts_first_chunk = time.monotonic()
+                        rec.tts_first_chunk = time.perf_counter()
                         self.tracer.instant("tts", "first_chunk", turn=rec.index)
-                    self.tracer.instant("tts", "chunk", turn=rec.index, samples=int(chunk.pcm.size), text=chunk.text)
+                    self.tracer.instant("tts", "chunk", turn=rec.index, samples=int(chunk.pcm.size),
+                                        sample_rate=chunk.sample_rate, text=chunk.text)
                     if waterfall:
                         audio.append(chunk)  # all speech first, then play
                     else:
@@ -396,14 +430,14 @@ class Session:
         self._remember(rec.user_text, rec.reply_text)
         self._playout = None
         self.tracer.instant("turn", "turn_end", turn=rec.index)
-        self.turns.on_reply_finished(time.monotonic())
+        self.turns.on_reply_finished(time.perf_counter())
         await self._send({"type": "bot_done", "turn": rec.index, "text": rec.reply_text})
         await self._send({"type": "latency", **rec.summary()})
         await self._send({"type": "state", "state": self.turns.state.value})
 
     async def _play(self, rec: TurnRecord, playout: Playout, chunk: AudioChunk) -> None:
         if not rec.first_audio_out:
-            rec.first_audio_out = time.monotonic()
+            rec.first_audio_out = time.perf_counter()
             self.turns.on_reply_started(rec.first_audio_out)
             self.tracer.instant("transport", "send_audio", turn=rec.index)
             await self._send({"type": "state", "state": self.turns.state.value})
@@ -412,3 +446,8 @@ class Session:
 
 async def _next_async(it):
     return next(it, None)
+
+
+def _ns(t_seconds: float) -> int:
+    """perf_counter seconds -> the tracer's perf_counter_ns clock."""
+    return int(t_seconds * 1e9)

@@ -121,5 +121,11 @@ def test_browser_conversation(server, conversation_wav):
     ids_before = {e["id"] for e in log[:i_clear] if e["type"] == "audio"}
     replayed = [e for e in log[i_cleared:] if e["type"] == "player_started" and e["id"] in ids_before]
     assert not replayed, f"audio of the interrupted reply kept playing: {replayed[:3]}"
-    # the page heard the bot before the barge-in, and measured it
-    assert any(e["type"] == "heard_latency" for e in log)
+    # client-side truth: the page measured mouth-to-ear (its own clock, from the capture time of
+    # the user's last speech sample to the first reply sample played), and it cannot be shorter
+    # than the server's voice-to-voice figure for the same turn
+    heard = {e["turn"]: e["ms"] for e in log if e["type"] == "heard_latency"}
+    server = {e["turn"]: e["voice_to_voice_ms"] for e in latencies}
+    assert 0 in heard and 0 in server, (heard, server)
+    assert heard[0] >= server[0], f"mouth-to-ear {heard[0]:.0f} ms < server voice-to-voice {server[0]:.0f} ms"
+    assert any(e["type"] == "pong" for e in log), "no clock-offset probe answered"

@@ -19,10 +19,11 @@ def test_duplex_run_reply_wav_matches_logged_text(tmp_path):
     q2 = say("How many legs does a spider have?", tmp_path / "q2.wav")
     for name, q in (("q1", q1), ("q2", q2)):
         sf.write(tmp_path / f"{name}.wav", np.concatenate([silence(0.5), q, silence(0.3)]), 16000, subtype="PCM_16")
-    out, log = tmp_path / "reply.wav", tmp_path / "turns.jsonl"
+    out, log, trace = tmp_path / "reply.wav", tmp_path / "turns.jsonl", tmp_path / "run.trace.json"
     proc = subprocess.run(
         [sys.executable, "-m", "agent.cli", "run", "--input", str(tmp_path / "q1.wav"),
-         "--input", str(tmp_path / "q2.wav"), "--output", str(out), "--log", str(log), "--llm", "smollm2-135m"],
+         "--input", str(tmp_path / "q2.wav"), "--output", str(out), "--log", str(log), "--llm", "smollm2-135m",
+         "--trace", str(trace)],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in log.read_text().splitlines()]
@@ -47,3 +48,44 @@ def test_duplex_run_reply_wav_matches_logged_text(tmp_path):
     score = wer([spoken], [" ".join(heard)])
     print("logged:", spoken, "\nheard: ", " ".join(heard), f"\nWER {score:.2f}")
     assert score <= 0.25
+
+    check_trace(trace, turns, tmp_path)
+
+
+def check_trace(trace, turns, tmp_path):
+    """The traced run: a valid Perfetto file with every stage, in causal order, for every turn;
+    the report's stages sum to its total; a waterfall PNG per turn."""
+    from agent.trace_export import load_events, validate_perfetto
+
+    doc = json.loads(trace.read_text())
+    assert validate_perfetto(doc) == []
+    events = load_events(str(trace))
+    order = [("turn", "user_speech_end"), ("turn", "endpoint"), ("asr", "final"), ("llm", "request"),
+             ("llm", "first_token"), ("tts", "first_chunk"), ("transport", "send_audio"), ("client", "playout_start")]
+    for i in range(len(turns)):
+        mine = [e for e in events if e.turn == i]
+        times = []
+        for stage, name in order:
+            hits = [e.ts_ns for e in mine if e.stage == stage and e.name == name]
+            assert hits, f"turn {i}: no {stage}.{name} in the trace"
+            times.append(min(hits))
+        assert times == sorted(times), f"turn {i}: stages out of causal order: {list(zip(order, times))}"
+        assert any(e.stage == "asr" and e.name == "final_decode" and e.dur_ns for e in mine)
+        assert any(e.stage == "llm" and e.name == "generate" and e.dur_ns for e in mine)
+    assert any(e.stage == "memory" for e in events), "no memory counter track"
+
+    png_dir = tmp_path / "png"
+    rep = subprocess.run([sys.executable, "-m", "agent.cli", "trace", "report", str(trace), "--png-dir", str(png_dir),
+                          "--json"], capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    table = json.loads(rep.stdout)
+    assert len(table["turns"]) == len(turns)
+    for row in table["turns"]:
+        stages = [row[k] for k in ("endpoint_wait_ms", "asr_final_lag_ms", "llm_ttft_ms", "tts_first_chunk_ms",
+                                   "transport_ms", "client_playout_ms")]
+        assert abs(sum(v or 0 for v in stages) - row["total_ms"]) <= 5, row
+    pngs = sorted(png_dir.glob("*.png"))
+    assert len(pngs) == len(turns)
+    for p in pngs:
+        data = p.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000

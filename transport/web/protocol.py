@@ -4,9 +4,12 @@ Client -> server
   binary   PCM16 little-endian mono audio at the declared rate (the page sends 20 ms frames)
   text     JSON objects:
            {"type": "hello", "sample_rate": 16000}          declare the mic rate (default 16000)
-           {"type": "played", "id": N, "event": "start"|"end", "t": page_ms}
+           {"type": "played", "id": N, "event": "start"|"end", "t": page_ms, "server_ms": est}
+                     est: the page's estimate of the server clock (ping/pong offset), optional
            {"type": "ping", "t": page_ms}                    clock-offset probe
-           {"type": "speech_end", "t": page_ms}              page-side VAD mark (optional)
+           {"type": "metrics", "turn": N, "mouth_to_ear_ms": x}
+                     measured in the page: capture of the user's last speech sample -> first
+                     reply sample played
 Server -> client
   binary   4-byte big-endian chunk id, then PCM16 little-endian mono at `ready.sample_rate`
   text     JSON: ready, state, partial, final, bot_text, bot_done, latency, interrupted, clear,
@@ -24,7 +27,7 @@ import numpy as np
 MIN_RATE, MAX_RATE = 8000, 48000
 MAX_AUDIO_BYTES = 48000  # 0.5 s at 48 kHz; the page sends 640 bytes per 20 ms at 16 kHz
 MAX_TEXT_BYTES = 4096
-CLIENT_TYPES = {"hello", "played", "ping", "speech_end"}
+CLIENT_TYPES = {"hello", "played", "ping", "metrics"}
 
 
 class ProtocolError(ValueError):
@@ -78,17 +81,26 @@ def decode_client(message: str | bytes) -> ClientAudio | ClientControl:
         cid, event = obj.get("id"), obj.get("event")
         if isinstance(cid, bool) or not isinstance(cid, int) or cid < 0 or event not in ("start", "end"):
             raise ProtocolError("bad_message", "played needs an integer 'id' >= 0 and 'event' start|end")
-        return ClientControl("played", {"id": cid, "event": event, "t": _page_time(obj)})
-    return ClientControl(kind, {"t": _page_time(obj)})
+        return ClientControl("played", {"id": cid, "event": event, "t": _number(obj, "t"),
+                                        "server_ms": _number(obj, "server_ms")})
+    if kind == "metrics":
+        turn = obj.get("turn")
+        if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
+            raise ProtocolError("bad_message", "metrics needs an integer 'turn' >= 0")
+        m2e = _number(obj, "mouth_to_ear_ms")
+        if m2e is None:
+            raise ProtocolError("bad_message", "metrics needs 'mouth_to_ear_ms'")
+        return ClientControl("metrics", {"turn": turn, "mouth_to_ear_ms": m2e})
+    return ClientControl(kind, {"t": _number(obj, "t")})
 
 
-def _page_time(obj: dict) -> float | None:
-    t = obj.get("t")
-    if t is None:
+def _number(obj: dict, key: str) -> float | None:
+    v = obj.get(key)
+    if v is None:
         return None
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-        raise ProtocolError("bad_message", "'t' must be a finite number of milliseconds")
-    return float(t)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ProtocolError("bad_message", f"{key!r} must be a finite number of milliseconds")
+    return float(v)
 
 
 def encode_event(event: dict) -> str:

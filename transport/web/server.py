@@ -25,7 +25,8 @@ STATIC = Path(__file__).parent / "static"
 
 
 def server_ms() -> float:
-    return time.monotonic() * 1000.0
+    """The server clock the page aligns to: time.perf_counter(), the sessions' and tracer's clock."""
+    return time.perf_counter() * 1000.0
 
 
 class WebSocketTransport:
@@ -69,7 +70,8 @@ class WebSocketTransport:
             elif kind == "ping":
                 await self._send(encode_event({"type": "pong", "t": data["t"], "server_ms": server_ms()}))
             elif kind == "played":
-                return Played(data["id"], data["event"])
+                est = data["server_ms"]
+                return Played(data["id"], data["event"], est / 1000.0 if est is not None else None)
             else:
                 return ClientEvent(kind, data)
 

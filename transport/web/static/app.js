@@ -7,9 +7,12 @@ const log = (window.duplexLog = []);
 let ws, micCtx, playCtx, player, clockOffset = 0, bestRtt = Infinity;
 const turns = {};          // turn -> {speechEnd (server ms), heard (ms)}
 let currentTurn = -1, botLine = null;
+// capture time (page clock) of each 20 ms mic frame sent, by frame index: maps the server's
+// stream time of the end of speech back to when the user actually stopped talking
+const FRAME_RING = 3000, frameTimes = new Float64Array(FRAME_RING);
+let framesSent = 0;
 
 function record(ev) { ev.page_ms = performance.now(); log.push(ev); }
-function serverNow() { return performance.now() + clockOffset; }
 function line(cls, text) { const p = document.createElement("p"); p.className = cls; p.textContent = text; $("log").appendChild(p); return p; }
 
 async function start() {
@@ -43,7 +46,13 @@ async function start() {
   const stream = await navigator.mediaDevices.getUserMedia({ audio: {
     channelCount: 1, echoCancellation: processing, noiseSuppression: processing, autoGainControl: processing } });
   record({ type: "mic_started" });
-  mic.port.onmessage = (e) => { if (e.data.type === "frame" && ws.readyState === 1) ws.send(e.data.pcm); };
+  mic.port.onmessage = (e) => {
+    if (e.data.type === "frame" && ws.readyState === 1) {
+      frameTimes[framesSent % FRAME_RING] = performance.now();
+      framesSent++;
+      ws.send(e.data.pcm);
+    }
+  };
   micCtx.createMediaStreamSource(stream).connect(mic);
   await playCtx.resume(); await micCtx.resume();
   setInterval(ping, 2000); ping();
@@ -56,11 +65,13 @@ function onPlayer(e) {
   const m = e.data;
   record({ type: "player_" + m.type, id: m.id });
   if (m.type === "started") {
-    ws.send(JSON.stringify({ type: "played", id: m.id, event: "start", t: performance.now() }));
+    const now = performance.now();
+    ws.send(JSON.stringify({ type: "played", id: m.id, event: "start", t: now, server_ms: now + clockOffset }));
     const t = turns[currentTurn];
-    if (t && t.heard === undefined && t.speechEnd !== undefined) {
-      t.heard = serverNow() - t.speechEnd;
+    if (t && t.heard === undefined && t.captureEnd !== undefined) {
+      t.heard = now - t.captureEnd;  // mouth to ear, all on the page clock
       record({ type: "heard_latency", turn: currentTurn, ms: t.heard });
+      ws.send(JSON.stringify({ type: "metrics", turn: currentTurn, mouth_to_ear_ms: t.heard }));
       renderLatency(currentTurn);
     }
   }
@@ -86,7 +97,13 @@ function onMessage(e) {
     }
     case "state": $("state").textContent = m.state.replace("_", " "); break;
     case "partial": $("partial").textContent = m.text; break;
-    case "endpoint": currentTurn = m.turn; turns[m.turn] = { speechEnd: m.speech_end_ms }; break;
+    case "endpoint": {
+      currentTurn = m.turn;
+      const k = Math.floor(m.speech_end_stream_s / 0.02);
+      const captureEnd = k < framesSent && framesSent - k <= FRAME_RING ? frameTimes[k % FRAME_RING] : undefined;
+      turns[m.turn] = { speechEnd: m.speech_end_ms, captureEnd };
+      break;
+    }
     case "final": $("partial").textContent = ""; if (m.text) line("user", "You: " + m.text); botLine = null; break;
     case "bot_text":
       if (!botLine) botLine = line("bot", "Agent: ");
