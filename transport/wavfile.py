@@ -67,6 +67,11 @@ class WavConversationTransport:
         self._gen = self._frames()
 
     # timeline ----------------------------------------------------------------------------
+    @property
+    def t0(self) -> float | None:
+        """Monotonic wall time of timeline second 0 (set on the first receive), or None before."""
+        return self._t0
+
     def now(self) -> float:
         """Seconds on the conversation timeline (input audio sent so far)."""
         return self._frames_sent * FRAME_S

@@ -1,0 +1,117 @@
+"""Smart-turn v3.2 end-of-turn model: the ONNX file bundled inside pipecat-ai, with our own features.
+
+Given the audio of the current user utterance (16 kHz float32 mono), `SmartTurn.probability`
+says how likely it is that the user has finished their turn (a sigmoid output in [0, 1]).
+
+What the model expects (read from pipecat's `LocalSmartTurnAnalyzerV3`, pipecat-ai 1.14):
+- the last 8 s of 16 kHz audio; shorter audio is zero-padded at the *front*, so the end of
+  speech always sits at the end of the window;
+- Whisper log-mel features of those 128000 samples: waveform normalized to zero mean and unit
+  variance, 400-point periodic-Hann STFT with hop 160 (centered, reflect padding), power
+  spectrum, 80 Slaney mel filters over 0-8 kHz, log10 with a 1e-10 floor, the last frame
+  dropped (800 frames), clamped to max - 8, then (x + 4) / 4;
+- input `input_features` (batch, 80, 800) float32; output `logits` (batch, 1), which is already
+  a sigmoid probability.
+
+The feature code is a small numpy re-implementation of that recipe (the math of
+`transformers.WhisperFeatureExtractor`, Apache-2.0); importing neither pipecat nor transformers
+keeps start-up fast. Blocking (~tens of ms a call on one core): call it from a worker thread.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+WINDOW_S = 8
+N_SAMPLES = SAMPLE_RATE * WINDOW_S  # 128000
+N_FFT = 400
+HOP = 160
+N_MELS = 80
+
+
+def bundled_model_path() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pipecat")  # locate the file without importing pipecat
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("pipecat-ai is not installed; it ships the smart-turn model")
+    return (Path(list(spec.submodule_search_locations)[0]) / "audio" / "turn" / "smart_turn" / "data"
+            / "smart-turn-v3.2-cpu.onnx")
+
+
+def _hz_to_mel(f: np.ndarray) -> np.ndarray:  # Slaney scale: linear below 1 kHz, log above
+    f = np.asarray(f, dtype=np.float64)
+    return np.where(f >= 1000.0, 15.0 + np.log(np.maximum(f, 1e-12) / 1000.0) * (27.0 / np.log(6.4)),
+                    3.0 * f / 200.0)
+
+
+def _mel_to_hz(m: np.ndarray) -> np.ndarray:
+    m = np.asarray(m, dtype=np.float64)
+    return np.where(m >= 15.0, 1000.0 * np.exp((np.log(6.4) / 27.0) * (m - 15.0)), 200.0 * m / 3.0)
+
+
+def mel_filters(n_mels: int = N_MELS, n_fft: int = N_FFT, rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Slaney-normalized triangular mel filterbank, shape (n_fft // 2 + 1, n_mels)."""
+    hz = _mel_to_hz(np.linspace(_hz_to_mel(0.0), _hz_to_mel(rate / 2.0), n_mels + 2))
+    fft_hz = np.linspace(0, rate // 2, n_fft // 2 + 1)
+    slopes = hz[None, :] - fft_hz[:, None]
+    diff = np.diff(hz)
+    down = -slopes[:, :-2] / diff[:-1]
+    up = slopes[:, 2:] / diff[1:]
+    fb = np.maximum(0.0, np.minimum(down, up))
+    return fb * (2.0 / (hz[2:n_mels + 2] - hz[:n_mels]))[None, :]
+
+
+_MEL_T = mel_filters().T  # (n_mels, bins)
+_WINDOW = np.hanning(N_FFT + 1)[:-1]  # periodic Hann, as torch.hann_window
+
+
+def fit_window(audio: np.ndarray) -> np.ndarray:
+    """Keep the last 8 s; pad shorter audio with zeros at the front."""
+    x = np.asarray(audio, dtype=np.float32).reshape(-1)
+    if x.size >= N_SAMPLES:
+        return x[-N_SAMPLES:]
+    return np.concatenate([np.zeros(N_SAMPLES - x.size, dtype=np.float32), x])
+
+
+def log_mel(window: np.ndarray) -> np.ndarray:
+    """Whisper log-mel features (80, 800) float32 of exactly 128000 samples of 16 kHz audio."""
+    x = np.asarray(window, dtype=np.float32)
+    assert x.size == N_SAMPLES, x.size
+    x = (x - x.mean()) / np.sqrt(x.var() + 1e-7)  # float32, as the reference
+    padded = np.pad(x.astype(np.float64), N_FFT // 2, mode="reflect")
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP]
+    power = np.abs(np.fft.rfft(frames * _WINDOW, axis=-1)) ** 2  # (frames, bins)
+    mel = np.log10(np.maximum(1e-10, _MEL_T @ power.T))[:, :-1]  # (80, 800)
+    mel = np.maximum(mel, mel.max() - 8.0)
+    return ((mel + 4.0) / 4.0).astype(np.float32)
+
+
+class SmartTurn:
+    """The smart-turn v3.2 end-of-turn classifier (ONNX, CPU, one thread, no spinning)."""
+
+    def __init__(self, model_path: str | Path | None = None, threads: int = 1):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.inter_op_num_threads = 1
+        opts.intra_op_num_threads = threads
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # a spinning worker would starve the other models on a small CPU (see agent/models.py)
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        self.model_path = Path(model_path or bundled_model_path())
+        self._session = ort.InferenceSession(str(self.model_path), sess_options=opts,
+                                             providers=["CPUExecutionProvider"])
+
+    def features(self, audio_16k: np.ndarray) -> np.ndarray:
+        """(1, 80, 800) model input for the utterance audio (16 kHz float32 in [-1, 1])."""
+        return log_mel(fit_window(audio_16k))[None]
+
+    def probability(self, audio_16k: np.ndarray) -> float:
+        """Probability that the turn is complete, for the utterance audio up to now. Blocking."""
+        (out,) = self._session.run(["logits"], {"input_features": self.features(audio_16k)})
+        return float(out.reshape(-1)[0])

@@ -1,0 +1,81 @@
+"""agent.eou.SmartTurn: the same probability as pipecat's own analyzer, and sensible verdicts."""
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from helpers import DEV, flite_available, say, silence
+
+pytestmark = [pytest.mark.models,
+              pytest.mark.skipif(not flite_available(), reason="flite is not installed")]
+
+COMPLETE = "What is the capital of France?"
+CUT = "What is the capital of"
+
+
+def as_int16(x: np.ndarray) -> np.ndarray:
+    return (np.clip(x, -1.0, 1.0) * 32767).astype(np.int16)
+
+
+@pytest.fixture(scope="module")
+def model():
+    from agent.eou import SmartTurn
+
+    return SmartTurn()
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    """Utterances as pipecat sees them: int16 PCM (0.5 s lead-in, 0.2 s of trailing silence)."""
+    d = tmp_path_factory.mktemp("eou")
+    pad = lambda x: as_int16(np.concatenate([silence(0.5), x, silence(0.2)]))  # noqa: E731
+    complete = pad(say(COMPLETE, d / "complete.wav"))
+    cut = pad(say(CUT, d / "cut.wav"))
+    import soundfile as sf
+
+    dev, rate = sf.read(DEV / "sense_and_sensibility_01_austen_64kb-0870.wav", dtype="float32")
+    assert rate == 16000
+    long = np.concatenate([complete, as_int16(dev), complete])  # > 8 s: only the last 8 s count
+    assert long.size > 8 * 16000
+    return {"complete": complete, "cut": cut, "long": long}
+
+
+def pipecat_probability(pcm16: np.ndarray) -> float:
+    from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnalyzerV3
+
+    ref = LocalSmartTurnAnalyzerV3()
+    ref.set_sample_rate(16000)  # without it pipecat silently scores 0
+    ref.append_audio(pcm16.tobytes(), is_speech=True)
+    _, metrics = asyncio.run(ref.analyze_end_of_turn())
+    assert metrics is not None, "pipecat produced no prediction"
+    return metrics.probability
+
+
+@pytest.mark.parametrize("name", ["complete", "cut", "long"])
+def test_probability_equals_pipecat_analyzer(model, clips, name):
+    pcm16 = clips[name]
+    ours = model.probability(pcm16.astype(np.float32) / 32768.0)  # pipecat's int16 -> float
+    ref = pipecat_probability(pcm16)
+    print(f"{name}: ours {ours:.6f} pipecat {ref:.6f}")
+    assert 0.0 <= ours <= 1.0
+    assert ours == pytest.approx(ref, abs=1e-4)
+
+
+def test_complete_sentence_scores_high_and_cut_lower(model, clips):
+    to_f = lambda pcm16: pcm16.astype(np.float32) / 32768.0  # noqa: E731
+    p_complete = model.probability(to_f(clips["complete"]))
+    p_cut = model.probability(to_f(clips["cut"]))
+    n = 5
+    t = time.perf_counter()
+    for _ in range(n):
+        model.probability(to_f(clips["complete"]))
+    ms = (time.perf_counter() - t) / n * 1000
+    t = time.perf_counter()
+    for _ in range(n):
+        model.features(to_f(clips["complete"]))
+    feat_ms = (time.perf_counter() - t) / n * 1000
+    print(f"complete {p_complete:.3f}  cut {p_cut:.3f}  |  {ms:.1f} ms per call "
+          f"({feat_ms:.1f} ms features), shared 2-core CPU")
+    assert p_complete > 0.5
+    assert p_cut < p_complete
