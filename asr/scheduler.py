@@ -1,0 +1,339 @@
+"""Admission, per-slot buffers and the tick loop that feeds the batched engine.
+
+All bookkeeping runs on the asyncio event loop; only `engine.step` runs in a worker thread, so
+the loop keeps reading sockets while the model computes. Memory is bounded everywhere:
+- each session's input buffer holds at most `buffer_seconds` of audio; `feed` waits for room,
+  so a server that awaits `feed` before reading more stops reading that socket and TCP pushes
+  back on the client;
+- each session's output queue is bounded: a slot whose client does not read its results is
+  not stepped until the queue drains;
+- pending markers per session are capped.
+A slot is reused by the next session at once; a generation id per slot drops results that a
+step computed for the previous owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import math
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from asr.kyutai import LoadedModel, WordAssembler, WordEnd, WordStart
+from asr.moshi_protocol import EndWord, Error, MarkerReply, ServerMessage, Step, Word
+
+
+class NoFreeSlot(RuntimeError):
+    """Every slot of the pool is taken (and the optional admission wait ran out)."""
+
+
+class SessionClosed(RuntimeError):
+    """The session was closed or evicted; the reason is in the message."""
+
+
+class RecognizerSession(Protocol):
+    """One client stream, as the server sees it."""
+
+    @property
+    def buffered_samples(self) -> int: ...
+
+    async def feed(self, pcm: np.ndarray) -> None:
+        """Append float32 samples at 24 kHz; waits while the input buffer is full."""
+
+    async def mark(self, marker_id: int) -> None:
+        """Echo `MarkerReply(marker_id)` once all audio sent before it has been transcribed."""
+
+    async def flush(self) -> None:
+        """End of stream: push enough silence through to get the last words out."""
+
+    async def messages(self) -> list[ServerMessage]:
+        """Wait for output; an empty list means the session is closed and drained."""
+
+    async def close(self) -> None: ...
+
+
+class Recognizer(Protocol):
+    """What `asr.server` serves. The engine scheduler is one; an embedded recognizer can be another."""
+
+    name: str
+    sample_rate: int
+
+    async def open_session(self) -> RecognizerSession:
+        """A new stream; raises NoFreeSlot when there is no capacity."""
+
+
+@dataclass
+class SchedulerConfig:
+    buffer_seconds: float = 10.0  # per-session input cap
+    admission_wait_s: float = 0.0  # 0: refuse at once when full; > 0: wait up to this long
+    idle_timeout_s: float = 120.0  # no input for this long (and nothing left to do): evict
+    max_session_s: float = 4 * 3600.0
+    out_queue_max: int = 256  # queued results per session before its slot pauses
+    max_pending_markers: int = 64
+    flush_extra_frames: int = 2  # silence after the ASR delay when flushing
+    sample_rate: int = 24000
+
+
+class EngineSession:
+    """A stream bound to one engine slot."""
+
+    def __init__(self, sched: "EngineScheduler", slot: int, gen: int):
+        self._sched, self.slot, self.gen = sched, slot, gen
+        cfg = sched.config
+        frame = sched.frame_size
+        self.capacity = int(math.ceil(cfg.buffer_seconds * cfg.sample_rate / frame)) * frame
+        self._buf = np.zeros(self.capacity, np.float32)
+        self._start = 0
+        self._len = 0
+        self._room = asyncio.Event()
+        self._out: deque[ServerMessage] = deque()
+        self._has_out = asyncio.Event()
+        self._markers: deque[tuple[int, int]] = deque()  # (frames_done target, id)
+        self.frames_done = 0
+        self.needs_reset = True
+        self.words = WordAssembler(sched.model.asr_delay_frames, sched.model.decode)
+        self.opened_at = self.last_input = time.monotonic()
+        self.closed_reason: str | None = None
+        self.max_buffered = 0  # high-water mark, for tests and benchmarks
+
+    # ---- client side -----------------------------------------------------------------------
+    @property
+    def buffered_samples(self) -> int:
+        return self._len
+
+    @property
+    def closed(self) -> bool:
+        return self.closed_reason is not None
+
+    async def feed(self, pcm: np.ndarray) -> None:
+        pcm = np.asarray(pcm, np.float32).reshape(-1)
+        if pcm.size > self.capacity:
+            raise ValueError(f"at most {self.capacity} samples per call")
+        self.last_input = time.monotonic()
+        while self.capacity - self._len < pcm.size:
+            if self.closed:
+                raise SessionClosed(self.closed_reason)
+            self._room.clear()
+            await self._room.wait()
+        if self.closed:
+            raise SessionClosed(self.closed_reason)
+        self._append(pcm)
+        self.last_input = time.monotonic()
+        self._sched._wake.set()
+
+    async def mark(self, marker_id: int) -> None:
+        if self.closed:
+            raise SessionClosed(self.closed_reason)
+        self.last_input = time.monotonic()
+        if len(self._markers) >= self._sched.config.max_pending_markers:
+            self._push(Error(f"too many pending markers (max {self._sched.config.max_pending_markers})"))
+            return
+        frames_ahead = -(-self._len // self._sched.frame_size)
+        target = self.frames_done + frames_ahead + self._sched.model.asr_delay_frames
+        self._markers.append((target, marker_id))
+
+    async def flush(self) -> None:
+        frame = self._sched.frame_size
+        partial = self._len % frame
+        if partial:
+            await self.feed(np.zeros(frame - partial, np.float32))
+        silence = (self._sched.model.asr_delay_frames + self._sched.config.flush_extra_frames) * frame
+        while silence > 0:
+            n = min(silence, self.capacity)
+            await self.feed(np.zeros(n, np.float32))
+            silence -= n
+
+    async def messages(self) -> list[ServerMessage]:
+        while not self._out:
+            if self.closed:
+                return []
+            self._has_out.clear()
+            await self._has_out.wait()
+        out = list(self._out)
+        self._out.clear()
+        self._sched._wake.set()  # a slot paused on a full output queue may run again
+        return out
+
+    async def close(self) -> None:
+        self._sched._release(self, "closed by client")
+
+    # ---- scheduler side --------------------------------------------------------------------
+    def _append(self, pcm: np.ndarray) -> None:
+        if self._start + self._len + pcm.size > self.capacity:  # compact; O(capacity), rare
+            self._buf[:self._len] = self._buf[self._start:self._start + self._len]
+            self._start = 0
+        end = self._start + self._len
+        self._buf[end:end + pcm.size] = pcm
+        self._len += pcm.size
+        self.max_buffered = max(self.max_buffered, self._len)
+
+    def _has_frame(self) -> bool:
+        return self._len >= self._sched.frame_size and len(self._out) < self._sched.config.out_queue_max
+
+    def _pop_frame(self, into: np.ndarray) -> None:
+        f = self._sched.frame_size
+        into[:] = self._buf[self._start:self._start + f]
+        self._start += f
+        self._len -= f
+        if self._len == 0:
+            self._start = 0
+        self._room.set()
+
+    def _push(self, msg: ServerMessage) -> None:
+        self._out.append(msg)
+        self._has_out.set()
+
+    def _on_token(self, token: int, position: int) -> None:
+        for ev in self.words.push(token, position):
+            if isinstance(ev, WordStart):
+                self._push(Word(ev.text, ev.start_time))
+            elif isinstance(ev, WordEnd):
+                self._push(EndWord(ev.stop_time))
+        if position > 0:
+            self.frames_done += 1
+            self._push(Step(self.frames_done))
+        while self._markers and self._markers[0][0] <= self.frames_done:
+            self._push(MarkerReply(self._markers.popleft()[1]))
+
+    def _close(self, reason: str, error: str | None = None) -> None:
+        if self.closed:
+            return
+        if error:
+            self._push(Error(error))
+        self.closed_reason = reason
+        self._room.set()
+        self._has_out.set()
+
+
+class EngineScheduler:
+    """Runs a `StreamingEngine` for many sessions; implements `Recognizer`."""
+
+    def __init__(self, model: LoadedModel, config: SchedulerConfig | None = None):
+        self.model, self.engine = model, model.engine
+        self.config = config or SchedulerConfig()
+        self.name = model.name
+        self.sample_rate = self.config.sample_rate
+        self.frame_size = self.engine.frame_size
+        B = self.engine.batch_size
+        self._free = list(range(B))
+        heapq.heapify(self._free)
+        self._owner: list[EngineSession | None] = [None] * B
+        self._gen = [0] * B
+        self._pcm = np.zeros((B, self.frame_size), np.float32)
+        self._wake = asyncio.Event()
+        self._freed = asyncio.Event()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="asr-engine")
+        self._task: asyncio.Task | None = None
+        self.ticks = 0
+        self.step_seconds: deque[float] = deque(maxlen=4096)  # recent step durations
+
+    @property
+    def batch_size(self) -> int:
+        return self.engine.batch_size
+
+    @property
+    def sessions(self) -> list[EngineSession]:
+        return [s for s in self._owner if s is not None]
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="asr-tick-loop")
+
+    async def stop(self) -> None:
+        for s in self.sessions:
+            self._release(s, "server stopping", error="server stopping")
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self._executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> "EngineScheduler":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    # ---- admission -------------------------------------------------------------------------
+    async def open_session(self) -> EngineSession:
+        deadline = time.monotonic() + self.config.admission_wait_s
+        while not self._free:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NoFreeSlot(f"no free slot: all {self.batch_size} slots are busy")
+            self._freed.clear()
+            try:
+                await asyncio.wait_for(self._freed.wait(), timeout=left)
+            except TimeoutError:
+                pass
+        slot = heapq.heappop(self._free)
+        self._gen[slot] += 1
+        session = EngineSession(self, slot, self._gen[slot])
+        self._owner[slot] = session
+        session._on_token(self.engine.bos_token, 0)
+        return session
+
+    def _release(self, session: EngineSession, reason: str, error: str | None = None) -> None:
+        session._close(reason, error)
+        if self._owner[session.slot] is session:
+            self._owner[session.slot] = None
+            heapq.heappush(self._free, session.slot)
+            self._freed.set()
+
+    def _evict_expired(self, now: float) -> None:
+        cfg = self.config
+        for s in self.sessions:
+            if now - s.opened_at > cfg.max_session_s:
+                self._release(s, "max session length", error="session evicted: maximum session length reached")
+            elif now - s.last_input > cfg.idle_timeout_s and not s._has_frame():
+                self._release(s, "idle timeout", error="session evicted: idle timeout")
+
+    # ---- tick loop -------------------------------------------------------------------------
+    def _gather(self):
+        active = np.zeros(self.batch_size, bool)
+        reset, dispatched = [], []
+        for slot, s in enumerate(self._owner):
+            if s is None or not s._has_frame():
+                continue
+            s._pop_frame(self._pcm[slot])
+            active[slot] = True
+            if s.needs_reset:
+                reset.append(slot)
+                s.needs_reset = False
+            dispatched.append((slot, s, self._gen[slot]))
+        return active, reset, dispatched
+
+    def _timed_step(self, active, reset):
+        t0 = time.perf_counter()
+        tokens = self.engine.step(self._pcm, active, reset=reset)
+        self.step_seconds.append(time.perf_counter() - t0)
+        return tokens
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._evict_expired(time.monotonic())
+            active, reset, dispatched = self._gather()
+            if not dispatched:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=0.25)
+                except TimeoutError:
+                    pass
+                continue
+            tokens = await loop.run_in_executor(self._executor, self._timed_step, active, reset)
+            self.ticks += 1
+            for slot, s, gen in dispatched:
+                if self._owner[slot] is s and self._gen[slot] == gen and not s.closed:
+                    s._on_token(int(tokens[slot]), s.frames_done + 1)
+            await asyncio.sleep(0)  # let readers and writers run between ticks
