@@ -1,0 +1,346 @@
+"""`duplex asr-bench`: load client and benchmarks for the streaming ASR server and engine.
+
+Modes:
+- default: N concurrent clients stream audio over the moshi protocol, at real-time pace or
+  k x real time (`--speed`), to `--url` or to an in-process server (tiny random model unless
+  `--model`). Reports RTF, WER/CER against `--refs`, first-word and per-word latency
+  percentiles, and RSS (plus torch.cuda memory in-process on CUDA) over time.
+- `--engine-throughput`: tiny random engine on this machine, B = 1, 4, 16: step time and
+  throughput (streams x frames / s) batched versus B sequential single-stream runs.
+- `--memory`: RSS over a synthetic one-hour stream (45,000 engine steps), then over a client
+  flooding an in-process server at 10x real time.
+Figures are printed; nothing here asserts speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SR = 24000
+FRAME = 1920
+
+
+def rss_mib(pid: int | None = None) -> float:
+    with open(f"/proc/{pid or 'self'}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def cuda_mib() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return f" cuda_alloc={torch.cuda.memory_allocated() / 2**20:.0f}MiB"
+    except Exception:
+        pass
+    return ""
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+# ---- load client ---------------------------------------------------------------------------
+@dataclass
+class ClientResult:
+    audio_s: float
+    wall_s: float = 0.0
+    words: list[str] = field(default_factory=list)
+    first_word_latency: float | None = None
+    word_latencies: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+def load_audio(path: str) -> np.ndarray:
+    import soundfile as sf
+
+    pcm, sr = sf.read(path, dtype="float32", always_2d=True)
+    pcm = pcm.mean(axis=1)
+    if sr != SR:
+        import soxr
+
+        pcm = soxr.resample(pcm, sr, SR).astype(np.float32)
+    return pcm
+
+
+def synthetic_audio(seconds: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * SR)) / SR
+    return (0.2 * np.sin(2 * np.pi * (180 + 20 * seed) * t) + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
+
+
+async def run_client(url: str, api_key: str, pcm: np.ndarray, speed: float, delay_frames: int,
+                     chunk: int = FRAME) -> ClientResult:
+    """Stream `pcm` at `speed` x real time (0 = as fast as possible), then flush and wait."""
+    import msgpack
+    import websockets
+
+    res = ClientResult(audio_s=pcm.size / SR)
+    tail = np.zeros((delay_frames + 4) * FRAME, np.float32)
+    async with websockets.connect(url, additional_headers={"kyutai-api-key": api_key},
+                                  max_size=None, close_timeout=1) as ws:
+        first = msgpack.unpackb(await ws.recv())
+        if first["type"] != "Ready":
+            res.error = first.get("message", str(first))
+            return res
+        t0 = time.perf_counter()
+
+        async def send():
+            for i in range(0, pcm.size, chunk):
+                if speed > 0:
+                    due = t0 + (i + chunk) / SR / speed  # only send audio a microphone would have
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                await ws.send(msgpack.packb({"type": "Audio", "pcm": pcm[i:i + chunk].tolist()},
+                                            use_single_float=True))
+            await ws.send(msgpack.packb({"type": "Marker", "id": 1}))
+            for i in range(0, tail.size, chunk):
+                await ws.send(msgpack.packb({"type": "Audio", "pcm": tail[i:i + chunk].tolist()},
+                                            use_single_float=True))
+
+        sender = asyncio.create_task(send())
+        try:
+            async for raw in ws:
+                m = msgpack.unpackb(raw)
+                now = time.perf_counter() - t0
+                if m["type"] == "Word":
+                    res.words.append(m["text"])
+                    sent_at = m["start_time"] / speed if speed > 0 else 0.0
+                    res.word_latencies.append(now - sent_at)
+                    if res.first_word_latency is None:
+                        res.first_word_latency = now
+                elif m["type"] == "Marker":
+                    break
+                elif m["type"] == "Error":
+                    res.error = m["message"]
+                    break
+        finally:
+            sender.cancel()
+            with contextlib.suppress(BaseException):
+                await sender
+        res.wall_s = time.perf_counter() - t0
+    return res
+
+
+async def load_test(args) -> int:
+    import torch
+
+    refs = [open(p).read().strip() for p in args.refs] if args.refs else []
+    audios = [load_audio(p) for p in args.files] if args.files else [
+        synthetic_audio(args.seconds, i) for i in range(min(args.clients, 8))]
+    scheduler = server = None
+    stack = contextlib.AsyncExitStack()
+    url, delay = args.url, args.delay_frames
+    if url is None:
+        from asr.kyutai import from_pretrained, tiny_random
+        from asr.scheduler import EngineScheduler, SchedulerConfig
+        from asr.server import PATH, AsrServer
+
+        loaded = (from_pretrained(args.model, args.clients, device=args.device) if args.model
+                  else tiny_random(args.clients, device=args.device))
+        print(f"in-process server: {loaded.name}, {args.clients} slots on {args.device}")
+        scheduler = EngineScheduler(loaded, SchedulerConfig())
+        server = AsrServer(scheduler)
+        await stack.enter_async_context(scheduler)
+        port = await stack.enter_async_context(server.serving())
+        url, delay = f"ws://127.0.0.1:{port}{PATH}", loaded.asr_delay_frames
+    mem: list[tuple[float, str]] = []
+    t_start = time.perf_counter()
+
+    async def sample_memory():
+        while True:
+            mem.append((time.perf_counter() - t_start, f"rss={rss_mib(args.server_pid):.0f}MiB{cuda_mib()}"))
+            await asyncio.sleep(args.sample_every)
+
+    sampler = asyncio.create_task(sample_memory())
+    try:
+        results = await asyncio.gather(*(run_client(url, args.api_key, audios[i % len(audios)], args.speed, delay)
+                                         for i in range(args.clients)))
+    finally:
+        sampler.cancel()
+        await stack.aclose()
+    ok = [r for r in results if r.error is None]
+    errors = [r.error for r in results if r.error]
+    print(f"clients={args.clients} ok={len(ok)} errors={len(errors)} {errors[:3] if errors else ''}")
+    if ok:
+        rtf = [r.wall_s / r.audio_s for r in ok]
+        fw = [r.first_word_latency for r in ok if r.first_word_latency is not None]
+        wl = [x for r in ok for x in r.word_latencies]
+        print(f"speed={args.speed or 'max'}x  RTF(wall/audio) mean={np.mean(rtf):.3f} max={np.max(rtf):.3f}")
+        print(f"first-word latency s: p50={pct(fw, 50):.3f} p90={pct(fw, 90):.3f} (n={len(fw)})")
+        print(f"per-word latency s: p50={pct(wl, 50):.3f} p90={pct(wl, 90):.3f} p99={pct(wl, 99):.3f} (n={len(wl)})")
+        if refs:
+            from asr.wer import wer
+
+            hyps = [" ".join(ok[i].words) for i in range(min(len(ok), len(refs)))]
+            print(f"WER={wer(refs[:len(hyps)], hyps):.3f} CER={_cer(refs[:len(hyps)], hyps):.3f}")
+    if scheduler is not None and scheduler.step_seconds:
+        st = list(scheduler.step_seconds)
+        print(f"engine step ms: p50={pct(st, 50) * 1e3:.2f} p99={pct(st, 99) * 1e3:.2f} ticks={scheduler.ticks}")
+    print("memory over time:", ", ".join(f"{t:.0f}s {m}" for t, m in mem[:: max(1, len(mem) // 12)]))
+    del torch
+    return 0 if not errors else 1
+
+
+def _cer(refs: list[str], hyps: list[str]) -> float:
+    from asr.wer import edit_distance
+
+    chars = sum(len(r) for r in refs)
+    return sum(edit_distance(list(r), list(h)) for r, h in zip(refs, hyps)) / max(1, chars)
+
+
+# ---- engine throughput ---------------------------------------------------------------------
+def engine_throughput(sizes: list[int], steps: int, threads: int | None, hidden: int, layers: int) -> int:
+    import torch
+
+    from asr.kyutai import engine_from_hf, tiny_hf_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    hf = tiny_hf_model(seed=0, window=64, hidden=hidden, layers=layers)
+    print(f"random engine on CPU: LM hidden={hidden} layers={layers} window=64, tiny Mimi; "
+          f"torch threads={torch.get_num_threads()}, {steps} timed steps")
+
+    def time_steps(engine, n):
+        B = engine.batch_size
+        pcm = (np.random.default_rng(0).standard_normal((B, FRAME)) * 0.1).astype(np.float32)
+        active = np.ones(B, bool)
+        engine.step(pcm, active, reset=list(range(B)))
+        for _ in range(10):
+            engine.step(pcm, active)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            engine.step(pcm, active)
+        total = (time.perf_counter() - t0) / n
+        with torch.no_grad():  # the Mimi front end alone (its convs run at the 24 kHz sample rate)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                engine.mimi.step(engine.pcm, engine.active)
+            mimi = (time.perf_counter() - t0) / n
+        engine.mimi.reset_rows(torch.arange(B))
+        return total, mimi
+
+    single, single_mimi = time_steps(engine_from_hf(hf, 1), steps)
+    # B sequential single-stream runs of `steps` frames each take B * steps * single seconds, so
+    # their throughput is 1 / single frames per second whatever B is.
+    print(f"single stream: step {single * 1e3:.3f} ms (Mimi {single_mimi * 1e3:.3f} ms) = {1 / single:.0f} frames/s")
+    print(f"{'B':>3} {'step ms':>8} {'Mimi ms':>8} {'batched fr/s':>13} {'sequential fr/s':>16} {'ratio':>6} "
+          f"{'ratio/B':>8} {'LM-only ratio/B':>16}")
+    for B in sizes:
+        t_b, m_b = time_steps(engine_from_hf(hf, B), steps)
+        ratio = (B / t_b) / (1 / single)
+        lm_ratio = (B / max(t_b - m_b, 1e-9)) / (1 / max(single - single_mimi, 1e-9))
+        print(f"{B:>3} {t_b * 1e3:>8.3f} {m_b * 1e3:>8.3f} {B / t_b:>13.0f} {1 / single:>16.0f} {ratio:>6.2f} "
+              f"{ratio / B:>8.2f} {lm_ratio / B:>16.2f}")
+    return 0
+
+
+# ---- memory --------------------------------------------------------------------------------
+def memory_hour(steps: int, every: int) -> list[tuple[int, float]]:
+    import torch
+
+    from asr.kyutai import engine_from_hf, tiny_hf_model
+
+    torch.set_num_threads(1)
+    engine = engine_from_hf(tiny_hf_model(seed=0, window=8, layers=1, codebooks=2, hidden=16), 1)
+    noise = (np.random.default_rng(0).standard_normal((64, 1, FRAME)) * 0.3).astype(np.float32)
+    active = np.ones(1, bool)
+    engine.step(noise[0], active, reset=[0])
+    out = []
+    for i in range(1, steps + 1):
+        engine.step(noise[i % 64], active)
+        if i % every == 0:
+            out.append((i, rss_mib()))
+    return out
+
+
+async def memory_flood(audio_seconds: float, speed: float) -> list[tuple[float, float, int]]:
+    """In-process server, one client at `speed` x real time: (t, RSS MiB, server-buffered samples)."""
+    import msgpack
+    import websockets
+
+    from asr.kyutai import tiny_random
+    from asr.scheduler import EngineScheduler, SchedulerConfig
+    from asr.server import PATH, AsrServer
+
+    sched = EngineScheduler(tiny_random(2), SchedulerConfig())
+    out = []
+    async with sched, AsrServer(sched).serving() as port:
+        async with websockets.connect(f"ws://127.0.0.1:{port}{PATH}",
+                                      additional_headers={"kyutai-api-key": "public_token"}, close_timeout=1) as ws:
+            await ws.recv()
+            session = sched.sessions[0]
+            chunk = msgpack.packb({"type": "Audio", "pcm": synthetic_audio(1.0, 0).tolist()}, use_single_float=True)
+            t0 = time.perf_counter()
+
+            async def drain():
+                async for _ in ws:
+                    pass
+
+            drainer = asyncio.create_task(drain())
+            for i in range(int(audio_seconds)):
+                await asyncio.sleep(max(0.0, t0 + i / speed - time.perf_counter()))
+                await ws.send(chunk)
+                if i % max(1, int(audio_seconds) // 20) == 0:
+                    out.append((time.perf_counter() - t0, rss_mib(), session.buffered_samples))
+            drainer.cancel()
+    return out
+
+
+def memory_mode(args) -> int:
+    print(f"1-hour synthetic stream: {args.memory_steps} engine steps (tiny random engine, CPU)")
+    t0 = time.perf_counter()
+    samples = memory_hour(args.memory_steps, max(1, args.memory_steps // 15))
+    base = samples[0][1]
+    print("  step: RSS MiB  " + ", ".join(f"{i}: {r:.1f}" for i, r in samples))
+    print(f"  growth after first sample: {samples[-1][1] - base:+.2f} MiB (max {max(r for _, r in samples) - base:+.2f})"
+          f" in {time.perf_counter() - t0:.0f}s")
+    print(f"client at {args.flood_speed:g}x real time, {args.flood_seconds:g}s of audio, in-process server:")
+    flood = asyncio.run(memory_flood(args.flood_seconds, args.flood_speed))
+    base = flood[min(2, len(flood) - 1)][1]
+    print("  t s: RSS MiB / buffered samples  " + ", ".join(f"{t:.0f}: {r:.1f}/{b}" for t, r, b in flood))
+    print(f"  RSS growth after warm-up: {flood[-1][1] - base:+.2f} MiB (max {max(r for _, r, _ in flood) - base:+.2f});"
+          f" max buffered {max(b for *_, b in flood)} samples (cap {10 * SR})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="duplex asr-bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default=None, help="ws://host:port/api/asr-streaming (default: in-process server)")
+    p.add_argument("--api-key", default="public_token")
+    p.add_argument("--model", default=None, help="in-process: Kyutai STT checkpoint (default tiny random)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--speed", type=float, default=1.0, help="x real time; 0 = as fast as possible")
+    p.add_argument("--files", nargs="*", help="audio files (any rate, mixed to mono, resampled to 24 kHz)")
+    p.add_argument("--refs", nargs="*", help="reference transcripts (text files), same order as --files")
+    p.add_argument("--seconds", type=float, default=10.0, help="synthetic audio length without --files")
+    p.add_argument("--delay-frames", type=int, default=31, help="remote server's ASR delay, for flushing")
+    p.add_argument("--server-pid", type=int, default=None, help="remote server pid on this host, for RSS")
+    p.add_argument("--sample-every", type=float, default=1.0)
+    p.add_argument("--engine-throughput", action="store_true")
+    p.add_argument("--sizes", type=int, nargs="*", default=[1, 4, 16])
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--hidden", type=int, default=32, help="--engine-throughput: LM width")
+    p.add_argument("--layers", type=int, default=2, help="--engine-throughput: LM layers")
+    p.add_argument("--memory", action="store_true")
+    p.add_argument("--memory-steps", type=int, default=45_000)
+    p.add_argument("--flood-seconds", type=float, default=600.0)
+    p.add_argument("--flood-speed", type=float, default=10.0)
+    args = p.parse_args(argv)
+    if args.engine_throughput:
+        return engine_throughput(args.sizes, args.steps, args.threads, args.hidden, args.layers)
+    if args.memory:
+        return memory_mode(args)
+    return asyncio.run(load_test(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
