@@ -42,6 +42,8 @@ class MimiSpec:
     rope_theta: float
     norm_eps: float
     codebook_size: int
+    codebook_dim: int
+    vq_dim: int  # vector_quantization_hidden_dimension (input projection width)
     num_quantizers: int
     num_semantic_quantizers: int
     latent_stride: int
@@ -72,6 +74,8 @@ class MimiSpec:
             rope_theta=float(rope.get("rope_theta", 10000.0)),
             norm_eps=cfg.norm_eps,
             codebook_size=cfg.codebook_size,
+            codebook_dim=cfg.codebook_dim,
+            vq_dim=cfg.vector_quantization_hidden_dimension,
             num_quantizers=cfg.num_quantizers,
             num_semantic_quantizers=cfg.num_semantic_quantizers,
             latent_stride=cfg.latent_stride,
@@ -167,9 +171,10 @@ class MimiStreamingEncoder(nn.Module):
         self.downsample = _StreamConv(batch, spec.hidden_size, spec.hidden_size, 2 * spec.latent_stride,
                                       stride=spec.latent_stride, bias=False, replicate=True)
         nq, nsem = self.num_codebooks, spec.num_semantic_quantizers
-        self.register_buffer("codebooks", torch.zeros(spec.num_quantizers, spec.codebook_size, 1), persistent=False)
-        self.sem_proj = nn.Parameter(torch.zeros(1, spec.hidden_size))
-        self.ac_proj = nn.Parameter(torch.zeros(1, spec.hidden_size))
+        self.register_buffer("codebooks", torch.zeros(spec.num_quantizers, spec.codebook_size, spec.codebook_dim),
+                             persistent=False)
+        self.sem_proj = nn.Parameter(torch.eye(spec.vq_dim, spec.hidden_size))  # identity when widths match
+        self.ac_proj = nn.Parameter(torch.eye(spec.vq_dim, spec.hidden_size))
         self._nq, self._nsem = nq, nsem
         # Transformer ring buffer: window + (positions per step - 1) so that the oldest key a query
         # of this step still needs is never overwritten by a newer key of the same step.
@@ -208,14 +213,15 @@ class MimiStreamingEncoder(nn.Module):
             layer.scale2.data.copy_(sd[p + "mlp_layer_scale.scale"])
         q = "quantizer.semantic_residual_vector_quantizer."
         a = "quantizer.acoustic_residual_vector_quantizer."
-        self.sem_proj = nn.Parameter(sd[q + "input_proj.weight"][:, :, 0].clone())
-        self.ac_proj = nn.Parameter(sd[a + "input_proj.weight"][:, :, 0].clone())
+        if q + "input_proj.weight" in sd:
+            self.sem_proj.data.copy_(sd[q + "input_proj.weight"][:, :, 0])
+            self.ac_proj.data.copy_(sd[a + "input_proj.weight"][:, :, 0])
         books = []
         for i in range(self.spec.num_quantizers):
             pre = (q, i) if i < self.spec.num_semantic_quantizers else (a, i - self.spec.num_semantic_quantizers)
             cb = f"{pre[0]}layers.{pre[1]}.codebook."
             books.append(sd[cb + "embed_sum"] / sd[cb + "cluster_usage"].clamp(min=1e-5)[:, None])
-        self.codebooks = torch.stack(books).to(self.sem_proj.device)
+        self.codebooks.copy_(torch.stack(books))
 
     # ---- state ---------------------------------------------------------------------------
     @torch.no_grad()
