@@ -19,12 +19,16 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=["concurrent", "waterfall"], default="concurrent",
                    help="run stages concurrently (default) or strictly one after another")
     p.add_argument("--max-tokens", type=int, default=80)
+    p.add_argument("--no-eou", action="store_true",
+                   help="end turns on silence alone (0.5 s), without the smart-turn model")
+    p.add_argument("--no-speculation", action="store_true", help="never start replies before the turn ends")
 
 
 def _session_config(args):
     from agent.session import SessionConfig
 
-    cfg = SessionConfig(mode=args.mode, max_tokens=args.max_tokens)
+    cfg = SessionConfig(mode=args.mode, max_tokens=args.max_tokens, speculate=not args.no_speculation)
+    cfg.turns.use_eou = not args.no_eou
     if args.system_prompt:
         cfg.system_prompt = args.system_prompt
     return cfg
@@ -66,7 +70,8 @@ def _profiling(args, trace_path: str | None):
 def _load(args):
     from agent.models import ModelChoice, load_models
 
-    return load_models(ModelChoice(asr=args.asr, llm=args.llm, tts=args.tts))
+    return load_models(ModelChoice(asr=args.asr, llm=args.llm, tts=args.tts,
+                                   eou=None if args.no_eou else "smart-turn-v3.2"))
 
 
 def cmd_serve(args) -> int:
@@ -102,7 +107,7 @@ def cmd_run(args) -> int:
     from transport.wavfile import WavConversationTransport, load_turn
 
     models = _load(args)
-    turns = [load_turn(p) for p in args.input]
+    turns = [load_turn(*_parse_input(p)) for p in args.input]
     transport = WavConversationTransport(turns, models.tts.sample_rate, args.output, gap_s=args.gap,
                                          realtime=not args.fast)
     from agent.trace import Tracer
@@ -126,12 +131,21 @@ def cmd_run(args) -> int:
     v2v = [r["voice_to_voice_ms"] for r in rows if r["voice_to_voice_ms"] is not None]
     summary = {"summary": True, "turns": len(rows), "replied": len(v2v), "output": args.output,
                "voice_to_voice_p50_ms": round(statistics.median(v2v), 1) if v2v else None,
-               "voice_to_voice_max_ms": round(max(v2v), 1) if v2v else None, "mode": args.mode}
+               "voice_to_voice_max_ms": round(max(v2v), 1) if v2v else None, "mode": args.mode,
+               "speculation": session.speculation_stats, "history": session.history,
+               "clears": [e["t"] for e in transport.events_log if e["type"] == "clear"]}
     print(json.dumps(summary))
     if log_file:
         log_file.write(json.dumps(summary) + "\n")
         log_file.close()
     return 0 if v2v else 1
+
+
+def _parse_input(spec: str) -> tuple[str, float | None]:
+    path, sep, offset = spec.rpartition("@+")
+    if sep and path:
+        return path, float(offset)
+    return spec, None
 
 
 def _delegate(module: str, argv: list[str]) -> int:
@@ -149,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         return _delegate("asr.loadbench", argv[1:])
     if argv[:2] == ["trace", "report"]:
         return _delegate("agent.trace_report", argv[2:])
+    if argv[:2] == ["bench", "latency"]:
+        return _delegate("agent.bench_latency", argv[2:])
 
     parser = argparse.ArgumentParser(prog="duplex", description="A full-duplex voice agent that runs offline.")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -163,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("run", help="hold a conversation from WAV files; write the bot's channel to a WAV")
-    p.add_argument("--input", action="append", required=True, help="a user turn (WAV); repeat for more turns")
+    p.add_argument("--input", action="append", required=True,
+                   help="a user turn (WAV); repeat for more turns. FILE@+S starts it S seconds after the "
+                        "previous input ended instead of after the reply (to talk over the bot)")
     p.add_argument("--output", required=True, help="WAV of the bot's channel, aligned with the input")
     p.add_argument("--log", help="write per-turn JSON lines here too")
     p.add_argument("--gap", type=float, default=1.0, help="silence after a reply before the next input (s)")
@@ -176,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("asr-serve", help="Kyutai-compatible streaming ASR server (see asr/PROTOCOL.md)")
     sub.add_parser("asr-bench", help="load client and engine benchmarks for the ASR server")
     sub.add_parser("trace", help="trace tools: `duplex trace report TRACE`")
+    sub.add_parser("bench", help="benchmarks: `duplex bench latency` (concurrent vs waterfall)")
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

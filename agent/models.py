@@ -21,6 +21,7 @@ class ModelChoice:
     asr: str = "whisper-tiny.en"  # or another faster-whisper size / CTranslate2 dir (hub ids need internet)
     llm: str = "qwen2.5-0.5b"  # smollm2-135m | qwen2.5-0.5b | qwen2.5-1.5b | path.gguf
     tts: str = "piper"  # piper | path/to/voice.onnx | espeak-ng | flite
+    eou: str | None = "smart-turn-v3.2"  # end-of-turn model; None: silence alone ends turns
     llm_threads: int | None = None
 
 
@@ -36,5 +37,10 @@ def load_models(choice: ModelChoice | None = None) -> Models:
     llm = load_chat_model(choice.llm, n_threads=choice.llm_threads)
     tts = load_synthesizer(choice.tts)
     vad_path = bundled_model_path()
+    eou = None
+    if choice.eou:
+        from agent.eou import SmartTurn
+
+        eou = SmartTurn()
     log.info("models loaded in %.1f s: asr=%s llm=%s tts=%s", time.perf_counter() - t, choice.asr, choice.llm, tts.name)
-    return Models(asr=asr, llm=llm, tts=tts, vad_factory=lambda: SileroVAD(vad_path))
+    return Models(asr=asr, llm=llm, tts=tts, vad_factory=lambda: SileroVAD(vad_path), eou=eou)

@@ -20,7 +20,9 @@ import numpy as np
 
 from agent.profiling import profile_region
 from agent.trace import NullTracer, Tracer
-from agent.turns import BargeIn, EndOfTurn, StartUtterance, State, TurnConfig, TurnMachine
+from agent.speculation import Branch, SpeculationStats, same_transcript
+from agent.turns import (
+    BargeIn, EndOfTurn, ResumeReply, SpeechPaused, SpeechResumed, StartUtterance, State, TurnConfig, TurnMachine)
 from asr.base import Hypothesis, StreamingRecognizer
 from llm.base import ChatModel, Message
 from transport.audio import StreamResampler, float_to_int16
@@ -47,6 +49,9 @@ class SessionConfig:
     piece_s: float = 0.1  # size of each audio message
     text_queue: int = 8  # LLM -> TTS chunks in flight
     asr_queue: int = 1024  # audio chunks waiting for the recognizer (~20 s of 20 ms frames)
+    speculate: bool = True  # start ASR final + LLM + TTS at a pause, before the turn is confirmed
+    max_speculations_per_turn: int = 3
+    final_pad_s: float = 0.15  # audio after the end of speech given to the final decode
 
 
 @dataclass
@@ -55,6 +60,7 @@ class Models:
     llm: ChatModel
     tts: Synthesizer
     vad_factory: Callable[[], object]  # -> a callable scoring 16 kHz audio into 32 ms frame probs
+    eou: object | None = None  # end-of-turn model: .probability(float32 16 kHz audio) -> float
 
 
 @dataclass
@@ -73,6 +79,8 @@ class TurnRecord:
     heard_text: str = ""
     interrupted: bool = False
     mouth_to_ear_ms: float | None = None  # measured in the page, when the transport has one
+    speculative: bool = False  # the reply was started before the turn ended, and committed
+    tts_samples: float = 0.0  # seconds of speech synthesized
     tokens: list[str] = field(default_factory=list, repr=False)
 
     @property
@@ -80,15 +88,27 @@ class TurnRecord:
         return self.first_audio_out - self.speech_end if self.first_audio_out else None
 
     def summary(self) -> dict:
-        ms = lambda a, b: round((a - b) * 1000, 1) if a and b else None  # noqa: E731
+        """Per-stage waits as consecutive differences of milestones. A speculative reply can
+        reach a milestone before the one ahead of it (LLM before endpoint): each milestone is
+        clamped to the previous one, so the stages always add up to voice-to-voice."""
+        names = ["endpoint_ms", "asr_final_ms", "llm_ttft_ms", "tts_first_chunk_ms", "send_ms"]
+        marks = [self.speech_end, self.endpoint, self.asr_final, self.llm_first_token,
+                 self.tts_first_chunk, self.first_audio_out]
+        stages: dict[str, float | None] = {}
+        prev = marks[0]
+        for name, m in zip(names, marks[1:]):
+            if not (m and prev):
+                stages[name] = None
+                continue
+            m = max(m, prev)
+            stages[name] = round((m - prev) * 1000, 1)
+            prev = m
+        v2v = self.voice_to_voice
         return {
             "turn": self.index, "user": self.user_text, "reply": self.reply_text,
-            "heard": self.heard_text, "interrupted": self.interrupted,
-            "endpoint_ms": ms(self.endpoint, self.speech_end),
-            "asr_final_ms": ms(self.asr_final, self.endpoint),
-            "llm_ttft_ms": ms(self.llm_first_token, self.asr_final),
-            "tts_first_chunk_ms": ms(self.tts_first_chunk, self.llm_first_token),
-            "voice_to_voice_ms": ms(self.first_audio_out, self.speech_end),
+            "heard": self.heard_text, "interrupted": self.interrupted, "speculative": self.speculative,
+            **stages,
+            "voice_to_voice_ms": round(v2v * 1000, 1) if v2v is not None else None,
             "mouth_to_ear_ms": self.mouth_to_ear_ms,
         }
 
@@ -104,8 +124,10 @@ class Playout:
         self.sent_s = 0.0
         self.pieces: list[tuple[int, float, str]] = []  # (chunk_id, offset_s, text)
         self.played_ids: set[int] = set()
+        self.clauses: list[tuple[int, str]] = []  # (first chunk_id, text) of each TTS chunk
 
     async def play(self, chunk: AudioChunk) -> None:
+        first = True
         for pcm, text in split_chunk(chunk, self.piece_s):
             if self.t0 is None:
                 self.t0 = time.perf_counter()
@@ -113,6 +135,9 @@ class Playout:
             if ahead > self.lead_s:
                 await asyncio.sleep(ahead - self.lead_s)
             cid = self._new_id()
+            if first:
+                self.clauses.append((cid, chunk.text))
+                first = False
             self.pieces.append((cid, self.sent_s, text))
             await self.transport.send_audio(AudioOut(pcm, chunk.sample_rate, cid, text))
             self.sent_s += pcm.size / chunk.sample_rate
@@ -123,14 +148,28 @@ class Playout:
             if remaining > 0:
                 await asyncio.sleep(remaining)
 
+    def _played(self, use_marks: bool) -> set[int]:
+        if use_marks:
+            return self.played_ids
+        elapsed = time.perf_counter() - self.t0 if self.t0 is not None else 0.0
+        return {cid for cid, off, _ in self.pieces if off <= elapsed}
+
     def heard_text(self, use_marks: bool) -> str:
         """Text of the pieces the far end started playing (its marks), else those whose time came."""
-        if use_marks:
-            said = [t for cid, _, t in self.pieces if cid in self.played_ids]
-        else:
-            elapsed = time.perf_counter() - self.t0 if self.t0 is not None else 0.0
-            said = [t for _, off, t in self.pieces if off <= elapsed]
-        return " ".join(t for t in said if t).strip()
+        played = self._played(use_marks)
+        return " ".join(t for cid, _, t in self.pieces if cid in played and t).strip()
+
+    def heard_before_clause(self, k: int, use_marks: bool) -> str:
+        """Heard text of the clauses before clause `k`."""
+        played = self._played(use_marks)
+        limit = self.clauses[k][0] if k < len(self.clauses) else 1 << 62
+        return " ".join(t for cid, _, t in self.pieces if cid < limit and cid in played and t).strip()
+
+    def interrupted_clause(self, use_marks: bool) -> int:
+        """Index of the TTS chunk (clause) that was playing, or next to play, when cut off."""
+        played = self._played(use_marks)
+        started = [i for i, (cid, _) in enumerate(self.clauses) if cid in played]
+        return started[-1] if started else 0
 
 
 def split_chunk(chunk: AudioChunk, piece_s: float) -> list[tuple[np.ndarray, str]]:
@@ -155,30 +194,40 @@ class Session:
         self.turns = TurnMachine(self.config.turns)
         self.history: list[Message] = []
         self.records: list[TurnRecord] = []
+        self.spec = SpeculationStats()
         self._vad = models.vad_factory()
         self._asr = models.asr.open_stream()
         self._resampler: StreamResampler | None = None
         self._t_audio = 0.0  # stream time: seconds of 16 kHz audio received
         self._wall_at_t = time.perf_counter()
-        self._preroll: deque[np.ndarray] = deque()
-        self._preroll_n = 0
+        self._recent = AudioRing(int(8 * ASR_RATE))  # the end-of-turn model looks at <= 8 s
         self._utterance_active = False
+        self._utt_t0 = 0.0  # stream time of the first sample in the recognizer's buffer
         self._asr_q: asyncio.Queue = asyncio.Queue(maxsize=self.config.asr_queue)
         self._reply_task: asyncio.Task | None = None
+        self._reply_rec: TurnRecord | None = None
         self._playout: Playout | None = None
+        self._branch: Branch | None = None
+        self._spec_this_turn = 0
+        self._eou_task: asyncio.Task | None = None
+        # (turn, heard, heard before the cut clause, text from the cut clause on)
+        self._resumable: tuple[TurnRecord, str, str, str] | None = None
         self._chunk_ids = itertools.count()
-        self._closed = asyncio.Event()
+
+    @property
+    def speculation_stats(self) -> dict:
+        return self.spec.as_dict()
 
     # ---- clocks ---------------------------------------------------------------------------
     def wall_of(self, t_stream: float) -> float:
-        """Monotonic wall time at which stream time `t_stream` arrived (audio comes in real time)."""
+        """perf_counter time at which stream time `t_stream` arrived (audio comes in real time)."""
         return self._wall_at_t - (self._t_audio - t_stream)
 
     # ---- main loop --------------------------------------------------------------------------
     async def run(self) -> None:
         asr_task = asyncio.create_task(self._asr_loop(), name="asr")
         try:
-            await self._send({"type": "state", "state": self.turns.state.value})
+            await self._send_state()
             while True:
                 event = await self.transport.receive()
                 if event is None:
@@ -190,18 +239,20 @@ class Session:
                 elif isinstance(event, ClientEvent):
                     self._on_client_event(event)
         finally:
-            self._closed.set()
-            for task in (self._reply_task, asr_task):
-                if task is not None and not task.done():
-                    task.cancel()
-            for task in (self._reply_task, asr_task):
-                if task is not None:
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
+            await self._cancel_branch("session ended")
+            tasks = [t for t in (self._reply_task, self._eou_task, asr_task) if t is not None]
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     async def _send(self, event: dict) -> None:
         with contextlib.suppress(Exception):  # a UI event must never kill the session
             await self.transport.send_event(event)
+
+    async def _send_state(self) -> None:
+        await self._send({"type": "state", "state": self.turns.state.value})
 
     async def _on_audio(self, ev: AudioIn) -> None:
         if self._resampler is None or self._resampler.in_rate != ev.sample_rate:
@@ -211,10 +262,7 @@ class Session:
             return
         self._t_audio += x.size / ASR_RATE
         self._wall_at_t = time.perf_counter()
-        self._preroll.append(x)
-        self._preroll_n += x.size
-        while self._preroll_n - self._preroll[0].size >= self.config.turns.preroll_s * ASR_RATE:
-            self._preroll_n -= self._preroll.popleft().size
+        self._recent.push(x)
         probs = await asyncio.to_thread(self._vad, x)
         t_first = self._t_audio - x.size / ASR_RATE
         commands = []
@@ -224,29 +272,71 @@ class Session:
             commands += self.turns.on_vad(t, p, VAD_FRAME_S)
         if self._utterance_active:
             await self._asr_q.put(("audio", x))
+        await self._run_commands(commands)
+
+    async def _run_commands(self, commands) -> None:
         for cmd in commands:
             await self._on_command(cmd)
 
     async def _on_command(self, cmd) -> None:
         now = time.perf_counter()
+        turn = len(self.records)
         if isinstance(cmd, BargeIn):
-            self.tracer.instant("turn", "barge_in", turn=len(self.records))
+            self.tracer.instant("turn", "barge_in", turn=turn - 1)
             await self._barge_in()
         elif isinstance(cmd, StartUtterance):
-            self.tracer.instant("turn", "user_speech_start", turn=len(self.records))
+            self.tracer.instant("turn", "user_speech_start", turn=turn)
             self._utterance_active = True
-            await self._asr_q.put(("start", np.concatenate(list(self._preroll))))
-            await self._send({"type": "state", "state": self.turns.state.value})
+            self._spec_this_turn = 0
+            preroll = self._recent.last(int(self.config.turns.preroll_s * ASR_RATE) + int((self._t_audio - cmd.t_start) * ASR_RATE))
+            self._utt_t0 = self._t_audio - preroll.size / ASR_RATE
+            await self._asr_q.put(("start", (preroll, self._utt_t0)))
+            await self._send_state()
+        elif isinstance(cmd, SpeechPaused):
+            self.tracer.instant("turn", "pause", turn=turn)
+            self._start_eou_check()
+            # decode at the pause in both modes (a streaming recognizer would have this text
+            # anyway); only concurrent mode also speculates on it with the LLM and TTS
+            if self._spec_this_turn < self.config.max_speculations_per_turn:
+                self._spec_this_turn += 1
+                await self._asr_q.put(("pause_decode", cmd.t_speech_end))
+            await self._send_state()
+        elif isinstance(cmd, SpeechResumed):
+            self.tracer.instant("turn", "speech_resumed", turn=turn)
+            await self._cancel_branch("user went on speaking")
+            await self._send_state()
         elif isinstance(cmd, EndOfTurn):
             self._utterance_active = False
-            rec = TurnRecord(index=len(self.records), speech_end=self.wall_of(cmd.t_speech_end), endpoint=now)
+            rec = TurnRecord(index=turn, speech_end=self.wall_of(cmd.t_speech_end), endpoint=now)
             self.records.append(rec)
             self.tracer.instant("turn", "user_speech_end", turn=rec.index, ts_ns=_ns(rec.speech_end))
             self.tracer.instant("turn", "endpoint", turn=rec.index, ts_ns=_ns(now))
-            await self._asr_q.put(("final", rec))
+            await self._asr_q.put(("final", (rec, cmd.t_speech_end)))
             await self._send({"type": "endpoint", "turn": rec.index, "speech_end_ms": rec.speech_end * 1000,
                               "speech_end_stream_s": round(cmd.t_speech_end, 3)})
-            await self._send({"type": "state", "state": self.turns.state.value})
+            await self._send_state()
+        elif isinstance(cmd, ResumeReply):
+            self._utterance_active = False
+            await self._asr_q.put(("abort", None))
+            await self._resume()
+            await self._send_state()
+
+    def _start_eou_check(self) -> None:
+        eou = self.models.eou
+        if eou is None or not self.config.turns.use_eou:
+            return
+        if self._eou_task is not None and not self._eou_task.done():
+            return
+        audio = self._recent.last(self._recent.capacity)
+
+        async def check() -> None:
+            t0 = time.perf_counter()
+            p = await asyncio.to_thread(eou.probability, audio)
+            self.tracer.complete("turn", "eou_check", ts_ns=_ns(t0), dur_ns=_ns(time.perf_counter() - t0),
+                                 turn=len(self.records), probability=round(p, 3))
+            await self._run_commands(self.turns.on_eou(self._t_audio, p))
+
+        self._eou_task = asyncio.create_task(check(), name="eou")
 
     def _on_played(self, ev: Played) -> None:
         if self._playout is not None and ev.event == "start":
@@ -265,71 +355,150 @@ class Session:
         self.tracer.instant("client", ev.kind, **{k: v for k, v in ev.data.items() if isinstance(v, (int, float, str))})
 
     # ---- recognizer -------------------------------------------------------------------------
+    def _samples_until(self, t_speech_end: float) -> int:
+        return int((t_speech_end + self.config.final_pad_s - self._utt_t0) * ASR_RATE)
+
     async def _asr_loop(self) -> None:
         last_partial = ""
         while True:
             op, arg = await self._asr_q.get()
             if op == "start":
-                self._asr.reset()
-                self._asr.push(arg)
+                audio, t0 = arg
+                self._asr.reset(t0)
+                self._asr.push(audio)
                 last_partial = ""
+            elif op == "abort":
+                self._asr.reset()
             elif op == "audio":
                 try:
                     self._asr.push(arg)
                 except OverflowError:
                     continue  # the turn machine ends the utterance before this; never grow
-                if self._asr_q.empty():  # only decode partials when not behind
+                # partials only while the user speaks and the recognizer is not behind
+                if self._asr_q.empty() and self.turns.in_speech:
                     hyp = await asyncio.to_thread(self._traced, "asr", "partial_decode", self._asr.partial)
                     if hyp is not None and hyp.text and hyp.text != last_partial:
                         last_partial = hyp.text
                         self.tracer.instant("asr", "partial", turn=len(self.records), text=hyp.text)
                         await self._send({"type": "partial", "text": hyp.text, "stable": hyp.stable_text})
+                        await self._run_commands(self.turns.on_words(self._t_audio, len(hyp.text.split())))
+            elif op == "pause_decode":
+                n = self._samples_until(arg)
+                hyp = await asyncio.to_thread(self._traced, "asr", "pause_decode", lambda: self._asr.decode(n))
+                # only if the user is still paused: no speech since, and the turn not yet taken
+                if self.turns.state == State.ENDPOINT_PENDING and _has_words(hyp.text):
+                    if self.config.speculate and self.config.mode == "concurrent" and self._branch is None:
+                        self._start_branch(hyp.text)
+                    await self._run_commands(self.turns.on_transcript(self._t_audio, _ends_sentence(hyp.text)))
             elif op == "final":
-                hyp: Hypothesis = await asyncio.to_thread(self._traced, "asr", "final_decode", self._asr.finalize)
-                rec: TurnRecord = arg
+                rec, t_end = arg
+                n = self._samples_until(t_end)
+                hyp: Hypothesis = await asyncio.to_thread(self._traced, "asr", "final_decode",
+                                                          lambda: self._asr.finalize(n))
                 rec.asr_final = time.perf_counter()
                 rec.user_text = hyp.text
                 self.tracer.instant("asr", "final", turn=rec.index, text=hyp.text)
                 await self._send({"type": "final", "turn": rec.index, "text": hyp.text,
                                   "words": [[w.text, round(w.start, 3), round(w.end, 3)] for w in hyp.words]})
-                await self._start_reply(rec)
+                await self._on_final(rec)
 
     def _traced(self, stage: str, name: str, fn):
         """Run a blocking model call (in a worker thread) inside a trace span."""
-        turn = len(self.records) - 1 if self.turns.state == State.THINKING else len(self.records)
-        with self.tracer.span(stage, name, turn=turn), profile_region(f"{stage}.{name}"):
+        with self.tracer.span(stage, name, turn=len(self.records)), profile_region(f"{stage}.{name}"):
             return fn()
 
-    # ---- reply ------------------------------------------------------------------------------
+    # ---- turns end: commit, restart or resume ------------------------------------------------
+    async def _on_final(self, rec: TurnRecord) -> None:
+        n_words = len(rec.user_text.split()) if _has_words(rec.user_text) else 0
+        commands = self.turns.on_final(time.perf_counter(), n_words)
+        if not n_words:
+            await self._cancel_branch("empty transcript")
+            await self._run_commands(commands)  # maybe ResumeReply
+            await self._send_state()
+            return
+        self._resumable = None  # the user really spoke: the interrupted reply is gone
+        branch = self._branch
+        if branch is not None and same_transcript(branch.transcript, rec.user_text):
+            self._branch = None
+            self.spec.committed += 1
+            self.tracer.instant("speculation", "commit", turn=rec.index, flow=rec.index + 1)
+            branch.record.index = rec.index
+            for name in ("speech_end", "endpoint", "asr_final", "user_text"):
+                setattr(branch.record, name, getattr(rec, name))
+            branch.record.speculative = True
+            self.records[rec.index] = branch.record
+            self._reply_task, self._reply_rec = branch.task, branch.record
+            branch.gate.set()
+            return
+        await self._cancel_branch("transcript changed" if branch else "")
+        if self.turns.state == State.THINKING:
+            await self._start_reply(rec)
+
+    def _start_branch(self, transcript: str) -> None:
+        rec = TurnRecord(index=len(self.records), user_text=transcript)
+        gate = asyncio.Event()
+        task = asyncio.create_task(self._reply(rec, transcript, gate=gate), name=f"reply-spec-{rec.index}")
+        self._branch = Branch(transcript, task, gate, rec)
+        self.spec.started += 1
+        self.tracer.instant("speculation", "start", turn=rec.index, text=transcript, flow=rec.index + 1)
+
+    async def _cancel_branch(self, why: str) -> None:
+        branch, self._branch = self._branch, None
+        if branch is None:
+            return
+        self.spec.cancelled += 1
+        self.tracer.instant("speculation", "cancel", turn=branch.record.index, reason=why)
+        await _cancel(branch.task)
+        self.spec.wasted_tokens += len(branch.record.tokens)
+        self.spec.wasted_tts_s += branch.tts_seconds()
+
     async def _start_reply(self, rec: TurnRecord) -> None:
         await self._cancel_reply()
-        if not any(ch.isalnum() for ch in rec.user_text) or self.turns.state != State.THINKING:
-            if self.turns.state == State.THINKING:
-                self.turns.on_reply_finished(time.perf_counter())
-                await self._send({"type": "state", "state": self.turns.state.value})
-            return
-        self._reply_task = asyncio.create_task(self._reply(rec), name=f"reply-{rec.index}")
+        self._reply_rec = rec
+        self._reply_task = asyncio.create_task(self._reply(rec, rec.user_text), name=f"reply-{rec.index}")
 
     async def _cancel_reply(self) -> None:
         task, self._reply_task = self._reply_task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await _cancel(task)
 
     async def _barge_in(self) -> None:
-        playout, task = self._playout, self._reply_task
+        playout, rec, task = self._playout, self._reply_rec, self._reply_task
+        await self._cancel_branch("barge-in")
         await self._cancel_reply()
         await self.transport.clear()
         self.tracer.instant("transport", "clear", turn=len(self.records) - 1)
-        if playout is not None and self.records and task is not None:
-            rec = self.records[-1]
+        self._playout = None
+        if rec is not None and task is not None:
             rec.interrupted = True
             rec.reply_text = "".join(rec.tokens).strip()
-            rec.heard_text = playout.heard_text(self.transport.reports_playout)
-            self._remember(rec.user_text, rec.heard_text)
-        self._playout = None
-        await self._send({"type": "interrupted", "heard": self.records[-1].heard_text if self.records else ""})
+            heard = playout.heard_text(self.transport.reports_playout) if playout else ""
+            rec.heard_text = heard
+            self._remember(rec.user_text, heard)
+            if playout is not None and playout.clauses:
+                k = playout.interrupted_clause(self.transport.reports_playout)
+                start = rec.reply_text.find(playout.clauses[k][1])
+                rest = rec.reply_text[start:] if start >= 0 else " ".join(t for _, t in playout.clauses[k:])
+                self._resumable = (rec, heard, playout.heard_before_clause(k, self.transport.reports_playout), rest)
+        await self._send({"type": "interrupted", "heard": rec.heard_text if rec else ""})
+
+    async def _resume(self) -> None:
+        """False interruption: speak the interrupted reply again from the clause that was cut."""
+        if self._resumable is None:
+            self.turns.on_reply_finished(time.perf_counter())
+            return
+        rec, heard, prefix, rest = self._resumable
+        self._resumable = None
+        self.tracer.instant("turn", "resume", turn=rec.index, text=rest)
+        # forget the truncated exchange stored at the barge-in; the resumed reply stores it whole
+        if self.history[-1:] == [{"role": "assistant", "content": heard}]:
+            self.history.pop()
+        if self.history[-1:] == [{"role": "user", "content": rec.user_text}]:
+            self.history.pop()
+        resumed = TurnRecord(index=rec.index, user_text=rec.user_text)
+        self._reply_rec = resumed
+        self._reply_task = asyncio.create_task(
+            self._reply(resumed, rec.user_text, fixed_text=rest, spoken_prefix=prefix),
+            name=f"reply-resume-{rec.index}")
 
     def _remember(self, user: str, assistant: str) -> None:
         self.history.append({"role": "user", "content": user})
@@ -337,16 +506,19 @@ class Session:
             self.history.append({"role": "assistant", "content": assistant})
         del self.history[:-self.config.max_history_messages]
 
-    async def _reply(self, rec: TurnRecord) -> None:
+    # ---- reply ------------------------------------------------------------------------------
+    async def _reply(self, rec: TurnRecord, user_text: str, gate: asyncio.Event | None = None,
+                     fixed_text: str | None = None, spoken_prefix: str = "") -> None:
+        """LLM -> TTS -> playout for one answer. With `gate`, audio is held until the gate opens
+        (speculation). With `fixed_text`, that text is spoken instead of asking the LLM."""
         messages: list[Message] = [{"role": "system", "content": self.config.system_prompt},
-                                   *self.history, {"role": "user", "content": rec.user_text}]
-        playout = self._playout = Playout(self.transport, self.config.playout_lead_s, self.config.piece_s,
-                                         lambda: next(self._chunk_ids))
+                                   *self.history, {"role": "user", "content": user_text}]
+        playout = Playout(self.transport, self.config.playout_lead_s, self.config.piece_s,
+                          lambda: next(self._chunk_ids))
         text_q: asyncio.Queue = asyncio.Queue(maxsize=self.config.text_queue)
-        self.tracer.instant("llm", "request", turn=rec.index)
+        self.tracer.instant("llm", "request", turn=rec.index, flow=rec.index + 1)
         tokens = rec.tokens
         waterfall = self.config.mode == "waterfall"
-
         held: list[str] = []  # waterfall: the whole answer is kept until the LLM is done
 
         async def emit(piece: str) -> None:
@@ -355,11 +527,30 @@ class Session:
             else:
                 await text_q.put(piece)
 
+        async def token_source() -> AsyncIterator[str]:
+            if fixed_text is not None:
+                for word in fixed_text.split(" "):
+                    yield word + " "
+                return
+            async with contextlib.aclosing(self.models.llm.stream(messages, self.config.max_tokens)) as toks:
+                async for tok in toks:
+                    yield tok
+
         async def think() -> None:
             chunker = TextChunker()
             span = self.tracer.begin("llm", "generate", turn=rec.index, model=getattr(self.models.llm, "name", "llm"))
             try:
-                await generate(chunker)
+                async with contextlib.aclosing(token_source()) as toks:
+                    async for tok in toks:
+                        if not tokens:
+                            rec.llm_first_token = time.perf_counter()
+                            self.tracer.instant("llm", "first_token", turn=rec.index)
+                        tokens.append(tok)
+                        self.tracer.instant("llm", "token", turn=rec.index, text=tok)
+                        if gate is None or gate.is_set():
+                            await self._send({"type": "bot_text", "turn": rec.index, "text": tok})
+                        for piece in chunker.push(tok):
+                            await emit(piece)
             except asyncio.CancelledError:
                 self.tracer.instant("llm", "cancel", turn=rec.index)
                 raise
@@ -371,18 +562,6 @@ class Session:
             if not waterfall:
                 await text_q.put(None)
 
-        async def generate(chunker: TextChunker) -> None:
-            async with contextlib.aclosing(self.models.llm.stream(messages, self.config.max_tokens)) as toks:
-                async for tok in toks:
-                    if not tokens:
-                        rec.llm_first_token = time.perf_counter()
-                        self.tracer.instant("llm", "first_token", turn=rec.index)
-                    tokens.append(tok)
-                    self.tracer.instant("llm", "token", turn=rec.index, text=tok)
-                    await self._send({"type": "bot_text", "turn": rec.index, "text": tok})
-                    for piece in chunker.push(tok):
-                        await emit(piece)
-
         async def texts() -> AsyncIterator[str]:
             if waterfall:
                 source = iter(held)
@@ -390,32 +569,30 @@ class Session:
             else:
                 get = text_q.get
             while (piece := await get()) is not None:
-                self.tracer.instant("tts", "request", turn=rec.index, text=piece)
+                self.tracer.instant("tts", "request", turn=rec.index, text=piece, flow=rec.index + 1)
                 yield piece
 
         async def speak() -> None:
+            audio: list[AudioChunk] = []
             try:
-                await synthesize()
+                async with contextlib.aclosing(self.models.tts.stream(texts())) as chunks:
+                    async for chunk in chunks:
+                        if not rec.tts_first_chunk:
+                            rec.tts_first_chunk = time.perf_counter()
+                            self.tracer.instant("tts", "first_chunk", turn=rec.index)
+                        rec.tts_samples += chunk.pcm.size / chunk.sample_rate
+                        self.tracer.instant("tts", "chunk", turn=rec.index, samples=int(chunk.pcm.size),
+                                            sample_rate=chunk.sample_rate, text=chunk.text)
+                        if waterfall:
+                            audio.append(chunk)  # all speech first, then play
+                        else:
+                            await self._play(rec, playout, chunk, gate)
             except asyncio.CancelledError:
                 self.tracer.instant("tts", "cancel", turn=rec.index)
                 raise
             self.tracer.instant("tts", "done", turn=rec.index)
-
-        async def synthesize() -> None:
-            audio: list[AudioChunk] = []
-            async with contextlib.aclosing(self.models.tts.stream(texts())) as chunks:
-                async for chunk in chunks:
-                    if not rec.tts_first_chunk:
-                        rec.tts_first_chunk = time.perf_counter()
-                        self.tracer.instant("tts", "first_chunk", turn=rec.index)
-                    self.tracer.instant("tts", "chunk", turn=rec.index, samples=int(chunk.pcm.size),
-                                        sample_rate=chunk.sample_rate, text=chunk.text)
-                    if waterfall:
-                        audio.append(chunk)  # all speech first, then play
-                    else:
-                        await self._play(rec, playout, chunk)
             for chunk in audio:
-                await self._play(rec, playout, chunk)
+                await self._play(rec, playout, chunk, gate)
 
         if waterfall:
             await think()
@@ -424,24 +601,72 @@ class Session:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(think())
                 tg.create_task(speak())
+        if gate is not None:
+            await gate.wait()  # a speculative reply with no audio still waits to be committed
         rec.reply_text = "".join(tokens).strip()
         await playout.wait_played()
-        rec.heard_text = rec.reply_text
-        self._remember(rec.user_text, rec.reply_text)
+        spoken = (spoken_prefix + " " + rec.reply_text).strip()  # a resumed reply follows what was heard
+        rec.heard_text = spoken
+        self._remember(rec.user_text, spoken)
         self._playout = None
+        self._reply_task = None
+        self._reply_rec = None
         self.tracer.instant("turn", "turn_end", turn=rec.index)
         self.turns.on_reply_finished(time.perf_counter())
         await self._send({"type": "bot_done", "turn": rec.index, "text": rec.reply_text})
         await self._send({"type": "latency", **rec.summary()})
-        await self._send({"type": "state", "state": self.turns.state.value})
+        await self._send_state()
 
-    async def _play(self, rec: TurnRecord, playout: Playout, chunk: AudioChunk) -> None:
+    async def _play(self, rec: TurnRecord, playout: Playout, chunk: AudioChunk, gate: asyncio.Event | None) -> None:
+        if gate is not None and not gate.is_set():
+            await gate.wait()  # speculation: synthesized, but held until the turn is confirmed
+            await self._send({"type": "bot_text", "turn": rec.index, "text": "".join(rec.tokens)})
         if not rec.first_audio_out:
             rec.first_audio_out = time.perf_counter()
+            self._playout = playout
             self.turns.on_reply_started(rec.first_audio_out)
-            self.tracer.instant("transport", "send_audio", turn=rec.index)
-            await self._send({"type": "state", "state": self.turns.state.value})
+            self.tracer.instant("transport", "send_audio", turn=rec.index, flow=rec.index + 1)
+            await self._send_state()
         await playout.play(chunk)
+
+
+class AudioRing:
+    """The last `capacity` samples of the input, preallocated (bounded)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._buf = np.zeros(capacity, dtype=np.float32)
+        self._n = 0  # total samples ever pushed
+
+    def push(self, x: np.ndarray) -> None:
+        x = x[-self.capacity:]
+        i = self._n % self.capacity
+        k = min(x.size, self.capacity - i)
+        self._buf[i:i + k] = x[:k]
+        self._buf[:x.size - k] = x[k:]
+        self._n += x.size
+
+    def last(self, n: int) -> np.ndarray:
+        n = min(n, self._n, self.capacity)
+        end = self._n % self.capacity
+        if n <= end:
+            return self._buf[end - n:end].copy()
+        return np.concatenate([self._buf[self.capacity - (n - end):], self._buf[:end]])
+
+
+async def _cancel(task: asyncio.Task | None) -> None:
+    if task is not None and not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+def _ends_sentence(text: str) -> bool:
+    return text.rstrip().rstrip("\"')]").endswith((".", "?", "!"))
+
+
+def _has_words(text: str) -> bool:
+    return any(ch.isalnum() for ch in text)
 
 
 async def _next_async(it):

@@ -1,16 +1,41 @@
 """Turn-taking as a pure state machine: events in, state changes and commands out. No models, no I/O.
 
-States: listening -> user_speaking -> thinking -> bot_speaking -> listening, with barge-in
-(bot_speaking or thinking -> user_speaking) when the user talks over the bot for long enough.
+Events: VAD frames (`on_vad`, which also serve as the clock), end-of-turn model scores (`on_eou`),
+recognised words (`on_words`), and the reply's progress (`on_reply_started`/`on_reply_finished`).
+
+States::
+
+    listening --speech--> user_speaking --pause--> endpoint_pending --EOU/max wait--> thinking
+        ^                      ^    <--speech resumes--'                                   |
+        |                      |                                               first audio out
+        |                      '--words heard-- interrupted <--barge-in-- bot_speaking <---'
+        '------------reply played------------------------------------------------'
+
+- A *pause* (`pause_s` of silence after speech) emits `SpeechPaused`: the session speculates
+  (ASR final + LLM + TTS on the transcript so far, audio held back) and asks the end-of-turn
+  model. If speech resumes, `SpeechResumed` cancels the speculation.
+- The turn ends (`EndOfTurn`) when the end-of-turn model says the utterance is complete
+  (probability >= `eou_threshold`); or after `endpoint_silence_s` of silence when the transcript
+  at the pause ends a sentence (`on_transcript`; Whisper punctuates, and the acoustic model misses
+  many complete questions); or after `max_endpoint_s` of silence whatever they say. With no
+  end-of-turn model (`use_eou=False`) it ends after `endpoint_silence_s` of silence.
+- Barge-in: `barge_in_min_speech_s` of user speech while the bot thinks or speaks emits `BargeIn`
+  (cancel LLM and TTS, flush playout) and enters `interrupted`. If no words are recognised within
+  `false_interruption_s`, or the utterance ends with no words, it was noise or a backchannel:
+  `ResumeReply` tells the session to speak again from the interrupted clause.
 
 Defaults, and why:
 - `speech_threshold` 0.5 / `silence_threshold` 0.35: Silero's own hysteresis pair.
 - `min_speech_s` 0.1: three 32 ms frames; shorter blips (clicks) are not speech.
-- `endpoint_silence_s` 0.5: LiveKit's min_endpointing_delay is 0.5 s; pipecat's VAD stop_secs is
-  0.2 s when a turn model follows and 0.8 s without one. 0.5 s ends turns promptly without cutting
-  users who pause between clauses.
-- `barge_in_min_speech_s` 0.3: like LiveKit's min_interruption_duration (0.5 s) but quicker;
-  a cough or a click is shorter than this.
+- `pause_s` 0.2: pipecat's VAD stop_secs when a turn model follows; the smart-turn model then
+  decides, so short pauses cost little.
+- `max_endpoint_s` 1.5: the fallback when the turn model says "incomplete" (LiveKit's
+  max_endpointing_delay is 3 s, pipecat's smart-turn stop_secs 3 s); shorter, because a wrong
+  "incomplete" is the common failure on terse answers.
+- `endpoint_silence_s` 0.5: LiveKit's min_endpointing_delay; used when the transcript looks
+  complete, or with no turn model.
+- `barge_in_min_speech_s` 0.3: a cough or click is shorter (LiveKit uses 0.5 s).
+- `false_interruption_s` 2.0: LiveKit's false-interruption timeout.
 - `max_utterance_s` 25: Whisper decodes at most 30 s at once.
 """
 from __future__ import annotations
@@ -22,8 +47,10 @@ from enum import Enum
 class State(str, Enum):
     LISTENING = "listening"
     USER_SPEAKING = "user_speaking"
+    ENDPOINT_PENDING = "endpoint_pending"
     THINKING = "thinking"
     BOT_SPEAKING = "bot_speaking"
+    INTERRUPTED = "interrupted"
 
 
 @dataclass
@@ -31,8 +58,13 @@ class TurnConfig:
     speech_threshold: float = 0.5
     silence_threshold: float = 0.35
     min_speech_s: float = 0.1
+    pause_s: float = 0.2
+    use_eou: bool = True
+    eou_threshold: float = 0.5
+    max_endpoint_s: float = 1.5
     endpoint_silence_s: float = 0.5
     barge_in_min_speech_s: float = 0.3
+    false_interruption_s: float = 2.0
     max_utterance_s: float = 25.0
     preroll_s: float = 0.3  # audio before the detected speech start that the recognizer gets
 
@@ -44,16 +76,31 @@ class StartUtterance:
 
 
 @dataclass(frozen=True)
+class SpeechPaused:
+    t_speech_end: float  # speculate on the transcript so far; score end-of-turn
+
+
+@dataclass(frozen=True)
+class SpeechResumed:
+    t: float  # the user went on: cancel the speculation
+
+
+@dataclass(frozen=True)
 class EndOfTurn:
     t_speech_end: float  # stream time at which the user stopped speaking
 
 
 @dataclass(frozen=True)
 class BargeIn:
-    t: float  # the reply in progress must be cancelled and its audio flushed
+    t: float  # cancel the reply in progress and flush its audio
 
 
-Command = StartUtterance | EndOfTurn | BargeIn
+@dataclass(frozen=True)
+class ResumeReply:
+    t: float  # the interruption was noise: drop the utterance, speak again from the interrupted clause
+
+
+Command = StartUtterance | SpeechPaused | SpeechResumed | EndOfTurn | BargeIn | ResumeReply
 
 
 class TurnMachine:
@@ -61,52 +108,107 @@ class TurnMachine:
         self.config = config or TurnConfig()
         self.state = State.LISTENING
         self.transitions: list[tuple[float, State, State]] = []
+        self.in_speech = False
         self._speech_run = 0.0  # seconds of consecutive speech frames
         self._silence_run = 0.0
         self._last_speech_end = 0.0
-        self._in_speech = False
         self._utterance_start = 0.0
+        self._paused = False  # SpeechPaused sent for the current silence
+        self._text_complete = False  # the transcript at this pause ends a sentence
+        self._interrupted_at: float | None = None  # barge-in time while its words are unknown
+        self._words_since_barge_in = 0
 
     def _go(self, t: float, state: State) -> None:
         if state != self.state:
             self.transitions.append((t, self.state, state))
             self.state = state
 
+    # ---- events ---------------------------------------------------------------------------
     def on_vad(self, t: float, prob: float, frame_s: float) -> list[Command]:
         """One VAD frame ending at stream time `t` (seconds) with speech probability `prob`."""
         c = self.config
-        if prob >= c.speech_threshold or (self._in_speech and prob > c.silence_threshold):
-            self._in_speech = True
+        if prob >= c.speech_threshold or (self.in_speech and prob > c.silence_threshold):
+            self.in_speech = True
             self._speech_run += frame_s
             self._silence_run = 0.0
         else:
-            if self._in_speech:
+            if self.in_speech:
                 self._last_speech_end = t - frame_s
-            self._in_speech = False
+            self.in_speech = False
             self._silence_run += frame_s
             self._speech_run = 0.0
 
         out: list[Command] = []
-        if self.state == State.LISTENING:
+        s = self.state
+        if s == State.LISTENING:
             if self._speech_run >= c.min_speech_s:
-                out.append(self._start_user(t))
-        elif self.state == State.USER_SPEAKING:
-            too_long = t - self._utterance_start >= c.max_utterance_s
-            if (not self._in_speech and self._silence_run >= c.endpoint_silence_s) or too_long:
-                end = t if (too_long and self._in_speech) else self._last_speech_end
-                self._speech_run = 0.0  # speech that goes on after a forced end must build up anew
-                self._go(t, State.THINKING)
-                out.append(EndOfTurn(end))
-        elif self.state in (State.THINKING, State.BOT_SPEAKING):
+                out.append(self._start_user(t, State.USER_SPEAKING))
+        elif s in (State.USER_SPEAKING, State.INTERRUPTED):
+            if (resume := self._check_false_interruption(t)):
+                return resume
+            if t - self._utterance_start >= c.max_utterance_s:
+                out += self._end_turn(t, t if self.in_speech else self._last_speech_end)
+            elif not self.in_speech and self._silence_run >= c.pause_s and not self._paused:
+                self._paused = True
+                self._go(t, State.ENDPOINT_PENDING)
+                out.append(SpeechPaused(self._last_speech_end))
+        elif s == State.ENDPOINT_PENDING:
+            if (resume := self._check_false_interruption(t)):
+                return resume
+            if self._speech_run >= c.min_speech_s:
+                self._paused = False
+                self._text_complete = False
+                self._go(t, State.USER_SPEAKING)
+                out.append(SpeechResumed(t))
+            else:
+                short = not c.use_eou or self._text_complete
+                limit = c.endpoint_silence_s if short else c.max_endpoint_s
+                if self._silence_run >= limit:
+                    out += self._end_turn(t, self._last_speech_end)
+        elif s in (State.THINKING, State.BOT_SPEAKING):
             if self._speech_run >= c.barge_in_min_speech_s:
                 out.append(BargeIn(t))
-                out.append(self._start_user(t))
+                self._interrupted_at = t
+                self._words_since_barge_in = 0
+                out.append(self._start_user(t, State.INTERRUPTED))
         return out
 
-    def _start_user(self, t: float) -> StartUtterance:
-        self._go(t, State.USER_SPEAKING)
-        self._utterance_start = t - self._speech_run  # start of the speech run that opened it
-        return StartUtterance(self._utterance_start)
+    def on_eou(self, t: float, probability: float) -> list[Command]:
+        """The end-of-turn model's verdict on the utterance up to the last pause."""
+        if self.state == State.ENDPOINT_PENDING and not self.in_speech and probability >= self.config.eou_threshold:
+            return self._end_turn(t, self._last_speech_end)
+        return []
+
+    def on_transcript(self, t: float, complete: bool) -> list[Command]:
+        """The transcript up to the current pause; `complete` if it ends a sentence."""
+        if self.state != State.ENDPOINT_PENDING or self.in_speech:
+            return []
+        self._text_complete = complete
+        if complete and self._silence_run >= self.config.endpoint_silence_s:
+            return self._end_turn(t, self._last_speech_end)
+        return []
+
+    def on_words(self, t: float, n_words: int) -> list[Command]:
+        """Words were recognised in the user's current utterance (a partial or the final)."""
+        if self._interrupted_at is not None and n_words > 0:
+            self._words_since_barge_in += n_words
+            self._interrupted_at = None  # a real interruption: the old reply stays cancelled
+            if self.state == State.INTERRUPTED:
+                self._go(t, State.USER_SPEAKING)
+        return []
+
+    def on_final(self, t: float, n_words: int) -> list[Command]:
+        """The final transcript of the turn that just ended has `n_words` words."""
+        if n_words:
+            return self.on_words(t, n_words)
+        if self.state != State.THINKING:
+            return []
+        if self._interrupted_at is not None:  # the "interruption" said nothing: resume
+            self._interrupted_at = None
+            self._go(t, State.BOT_SPEAKING)
+            return [ResumeReply(t)]
+        self._go(t, State.LISTENING)
+        return []
 
     def on_reply_started(self, t: float) -> None:
         """The first reply audio went out."""
@@ -114,6 +216,30 @@ class TurnMachine:
             self._go(t, State.BOT_SPEAKING)
 
     def on_reply_finished(self, t: float) -> None:
-        """The reply was fully played, or there was nothing to say (empty transcript)."""
+        """The reply was fully played."""
         if self.state in (State.THINKING, State.BOT_SPEAKING):
             self._go(t, State.LISTENING)
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _check_false_interruption(self, t: float) -> list[Command]:
+        """No words within `false_interruption_s` of a barge-in: drop the utterance, resume."""
+        if self._interrupted_at is not None and t - self._interrupted_at >= self.config.false_interruption_s:
+            self._interrupted_at = None
+            self._paused = False
+            self._go(t, State.BOT_SPEAKING)
+            return [ResumeReply(t)]
+        return []
+
+    def _end_turn(self, t: float, t_speech_end: float) -> list[Command]:
+        self._speech_run = 0.0  # speech that goes on after a forced end must build up anew
+        self._paused = False
+        self._text_complete = False
+        self._go(t, State.THINKING)
+        return [EndOfTurn(t_speech_end)]
+
+    def _start_user(self, t: float, state: State) -> StartUtterance:
+        self._go(t, state)
+        self._paused = False
+        self._text_complete = False
+        self._utterance_start = t - self._speech_run  # start of the speech run that opened it
+        return StartUtterance(self._utterance_start)

@@ -35,11 +35,16 @@ class RecognizerStream(Protocol):
     def partial(self) -> Hypothesis | None:
         """Re-evaluate the utterance so far; None when nothing new is worth decoding."""
 
-    def finalize(self) -> Hypothesis:
-        """Decode the whole utterance, return the final hypothesis and start a new utterance."""
+    def decode(self, n_samples: int | None = None) -> Hypothesis:
+        """Final-quality hypothesis of the first `n_samples` (default: all) without ending the
+        utterance (speculation). Implementations may cache it for `finalize`."""
 
-    def reset(self) -> None:
-        """Drop the current utterance without decoding it."""
+    def finalize(self, n_samples: int | None = None) -> Hypothesis:
+        """Decode the utterance (its first `n_samples`), return the final hypothesis, start anew."""
+
+    def reset(self, start_s: float | None = None) -> None:
+        """Drop the current utterance without decoding it; the next one starts at stream time
+        `start_s` seconds (word times are reported on that clock)."""
 
 
 class StreamingRecognizer(Protocol):

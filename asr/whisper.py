@@ -91,6 +91,7 @@ class WhisperStream:
         self._decoded_at = 0
         self._previous: list[str] = []
         self._committed: list[str] = []
+        self._cached: tuple[int, Hypothesis] | None = None
         self.offset_s = 0.0  # stream time of the utterance start, for absolute word times
 
     @property
@@ -122,19 +123,33 @@ class WhisperStream:
         self._previous = words
         return Hypothesis(text=text, final=False, stable_text=" ".join(self._committed))
 
-    def finalize(self) -> Hypothesis:
-        text, words = self.recognizer.transcribe(self._buf[:self._n], word_timestamps=True)
+    def decode(self, n_samples: int | None = None) -> Hypothesis:
+        """Final-quality decode (with word times) of the first `n_samples` of the utterance,
+        without ending it. The result is cached: `finalize` over the same audio reuses it, so a
+        speculative decode at a pause makes the final free when nothing was said after it."""
+        n = self._n if n_samples is None else max(0, min(int(n_samples), self._n))
+        if self._cached is not None and self._cached[0] == n:
+            return self._cached[1]
+        text, words = self.recognizer.transcribe(self._buf[:n], word_timestamps=True)
         off = self.offset_s
-        words = tuple(Word(w.text, w.start + off, w.end + off) for w in words)
-        self.offset_s += self._n / SAMPLE_RATE
-        self._clear()
-        return Hypothesis(text=text, words=words, final=True, stable_text=text)
+        hyp = Hypothesis(text=text, words=tuple(Word(w.text, w.start + off, w.end + off) for w in words),
+                         final=True, stable_text=text)
+        self._cached = (n, hyp)
+        return hyp
 
-    def reset(self) -> None:
-        self.offset_s += self._n / SAMPLE_RATE
+    def finalize(self, n_samples: int | None = None) -> Hypothesis:
+        """Decode the utterance (its first `n_samples`: trailing silence adds nothing) and end it."""
+        hyp = self.decode(n_samples)
+        self.reset()
+        return hyp
+
+    def reset(self, start_s: float | None = None) -> None:
+        """Drop the utterance; the next one starts at stream time `start_s` (default: right after)."""
+        self.offset_s = self.offset_s + self._n / SAMPLE_RATE if start_s is None else float(start_s)
         self._clear()
 
     def _clear(self) -> None:
+        self._cached: tuple[int, Hypothesis] | None = None
         self._n = 0
         self._decoded_at = 0
         self._previous = []

@@ -1,72 +1,161 @@
-"""The turn state machine, driven by synthetic VAD frames (no models)."""
-from agent.turns import BargeIn, EndOfTurn, StartUtterance, State, TurnConfig, TurnMachine
+"""The turn state machine, driven by synthetic VAD frames and model verdicts (no models).
+Each test asserts the exact transitions and the commands emitted."""
+from agent.turns import (
+    BargeIn, EndOfTurn, ResumeReply, SpeechPaused, SpeechResumed, StartUtterance, State, TurnConfig, TurnMachine)
 
 F = 0.032
+L, U, P, T, B, I = (State.LISTENING, State.USER_SPEAKING, State.ENDPOINT_PENDING, State.THINKING,
+                    State.BOT_SPEAKING, State.INTERRUPTED)
 
 
-def drive(m, pattern, t0=0.0):
-    """pattern: string of '#' (speech) and '.' (silence), one 32 ms frame each."""
-    out, t = [], t0
-    for ch in pattern:
-        t += F
-        out += [(round(t, 3), c) for c in m.on_vad(t, 0.9 if ch == "#" else 0.05, F)]
-    return out, t
+class Driver:
+    def __init__(self, **config):
+        self.m = TurnMachine(TurnConfig(**config))
+        self.t = 0.0
+        self.log: list = []
+
+    def frames(self, pattern: str):
+        """'#' speech, '.' silence: one 32 ms VAD frame each."""
+        for ch in pattern:
+            self.t = round(self.t + F, 6)
+            self.log += self.m.on_vad(self.t, 0.9 if ch == "#" else 0.05, F)
+        return self
+
+    def eou(self, p):
+        self.log += self.m.on_eou(self.t, p)
+        return self
+
+    def kinds(self):
+        return [type(c) for c in self.log]
+
+    def states(self):
+        return [s for _, _, s in self.m.transitions]
 
 
-def test_normal_turn():
-    m = TurnMachine()
-    cmds, t = drive(m, "...." + "#" * 30 + "." * 20)
-    kinds = [type(c) for _, c in cmds]
-    assert kinds == [StartUtterance, EndOfTurn]
-    start, end = cmds[0][1], cmds[1][1]
-    assert abs(start.t_start - 4 * F) < 1e-9
-    assert abs(end.t_speech_end - 34 * F) < 1e-9  # first silent frame starts here
-    # endpoint decided once endpoint_silence_s of silence has passed
-    assert abs(cmds[1][0] - (34 * F + 16 * F)) < F
-    assert m.state == State.THINKING
-    m.on_reply_started(t)
-    assert m.state == State.BOT_SPEAKING
-    m.on_reply_finished(t + 1)
-    assert [s for _, _, s in m.transitions] == [State.USER_SPEAKING, State.THINKING, State.BOT_SPEAKING, State.LISTENING]
+def test_normal_turn_ends_on_the_turn_model():
+    d = Driver().frames("...." + "#" * 30 + "." * 7)
+    assert d.kinds() == [StartUtterance, SpeechPaused]
+    assert abs(d.log[0].t_start - 4 * F) < 1e-6 and abs(d.log[1].t_speech_end - 34 * F) < 1e-6
+    assert d.m.state == P
+    d.eou(0.93)
+    assert d.kinds() == [StartUtterance, SpeechPaused, EndOfTurn]
+    assert abs(d.log[2].t_speech_end - 34 * F) < 1e-6
+    d.m.on_reply_started(d.t)
+    d.m.on_reply_finished(d.t + 1)
+    assert d.states() == [U, P, T, B, L]
+
+
+def test_early_speculative_hit_no_resume_between_pause_and_end():
+    # the pause that starts speculation is followed by the endpoint, with nothing in between
+    d = Driver().frames("#" * 20 + "." * 10).eou(0.8).frames("." * 10)
+    assert d.kinds() == [StartUtterance, SpeechPaused, EndOfTurn]
+    assert d.states() == [U, P, T]
+
+
+def test_speculative_miss_when_the_user_goes_on():
+    d = Driver().frames("#" * 20 + "." * 8)
+    assert d.kinds() == [StartUtterance, SpeechPaused]
+    d.frames("#" * 15)  # the transcript changes after speculation started
+    assert d.kinds() == [StartUtterance, SpeechPaused, SpeechResumed]
+    assert d.m.state == U
+    d.frames("." * 8).eou(0.9)
+    assert d.kinds() == [StartUtterance, SpeechPaused, SpeechResumed, SpeechPaused, EndOfTurn]
+    assert d.states() == [U, P, U, P, T]
+
+
+def test_incomplete_verdict_waits_for_the_silence_timeout():
+    d = Driver(max_endpoint_s=1.0).frames("#" * 20 + "." * 8).eou(0.1)
+    assert d.kinds() == [StartUtterance, SpeechPaused] and d.m.state == P
+    d.frames("." * 20)  # 28 frames of silence = 0.9 s: still waiting
+    assert d.m.state == P
+    d.frames("." * 4)
+    assert d.kinds() == [StartUtterance, SpeechPaused, EndOfTurn] and d.m.state == T
+
+
+def test_without_a_turn_model_silence_alone_ends_the_turn():
+    d = Driver(use_eou=False).frames("#" * 20 + "." * 15)
+    assert d.kinds() == [StartUtterance, SpeechPaused] and d.m.state == P
+    d.frames("." * 2)  # 17 frames = 0.54 s >= 0.5 s
+    assert d.kinds() == [StartUtterance, SpeechPaused, EndOfTurn]
+
+
+def test_barge_in_during_bot_speech_needs_min_speech_then_words_make_it_real():
+    d = Driver().frames("#" * 20 + "." * 8).eou(0.9)
+    d.m.on_reply_started(d.t)
+    d.frames("#" * 5 + "." * 5)  # 160 ms: a cough
+    assert d.m.state == B and d.kinds() == [StartUtterance, SpeechPaused, EndOfTurn]
+    d.frames("#" * 10)
+    assert d.kinds()[3:] == [BargeIn, StartUtterance]
+    assert d.m.state == I
+    d.log += d.m.on_words(d.t, 3)  # the recognizer heard words: a real interruption
+    assert d.m.state == U
+    d.frames("#" * 80)  # well past the false-interruption timeout: no resume
+    assert ResumeReply not in d.kinds()
+    assert d.states() == [U, P, T, B, I, U]
+
+
+def test_false_interruption_resumes_after_the_timeout():
+    d = Driver(false_interruption_s=2.0).frames("#" * 20 + "." * 8).eou(0.9)
+    d.m.on_reply_started(d.t)
+    d.frames("#" * 12)  # noise that VAD takes for speech
+    assert d.kinds()[-2:] == [BargeIn, StartUtterance]
+    barge_t = d.t
+    d.frames("#" * 20 + "." * 50)  # no words recognised...
+    assert ResumeReply in d.kinds()
+    resume = next(c for c in d.log if isinstance(c, ResumeReply))
+    assert abs(resume.t - barge_t - 2.0) < 2 * F
+    assert d.m.state == B
+    assert d.states() == [U, P, T, B, I, P, B]
+
+
+def test_false_interruption_resumes_when_the_utterance_has_no_words():
+    d = Driver().frames("#" * 20 + "." * 8).eou(0.9)
+    d.m.on_reply_started(d.t)
+    d.frames("#" * 12 + "." * 8).eou(0.9)  # a short noise, then the turn ends
+    assert d.kinds()[-3:] == [StartUtterance, SpeechPaused, EndOfTurn]
+    d.log += d.m.on_final(d.t, 0)
+    assert d.kinds()[-1] == ResumeReply and d.m.state == B
+
+
+def test_empty_transcript_without_interruption_returns_to_listening():
+    d = Driver().frames("#" * 20 + "." * 8).eou(0.9)
+    d.log += d.m.on_final(d.t, 0)
+    assert d.m.state == L and ResumeReply not in d.kinds()
+
+
+def test_rapid_successive_turns():
+    d = Driver()
+    for _ in range(3):
+        d.frames("#" * 12 + "." * 7).eou(0.9)
+        d.m.on_reply_started(d.t)
+        d.m.on_reply_finished(d.t)
+        d.frames("..")
+    assert d.kinds() == [StartUtterance, SpeechPaused, EndOfTurn] * 3
+    assert d.states() == [U, P, T, B, L] * 3
+    # the user talking while the bot is still thinking barges in too
+    d.frames("#" * 12 + "." * 7).eou(0.9).frames("#" * 10)
+    assert d.kinds()[-2:] == [BargeIn, StartUtterance] and d.m.state == I
 
 
 def test_short_blip_is_not_speech():
-    m = TurnMachine()
-    cmds, _ = drive(m, "..#..#..")
-    assert cmds == [] and m.state == State.LISTENING
+    d = Driver().frames("..#..#..")
+    assert d.log == [] and d.m.state == L
 
 
-def test_pause_shorter_than_endpoint_keeps_the_turn():
-    m = TurnMachine()
-    cmds, _ = drive(m, "#" * 20 + "." * 10 + "#" * 20 + "." * 20)
-    assert [type(c) for _, c in cmds] == [StartUtterance, EndOfTurn]
+def test_max_utterance_forces_endpoint_once():
+    d = Driver(max_utterance_s=1.0).frames("#" * 35)
+    assert d.kinds() == [StartUtterance, EndOfTurn] and d.m.state == T
+    d.frames("#" * 20)  # the user keeps talking: one interruption, a new utterance
+    assert d.kinds() == [StartUtterance, EndOfTurn, BargeIn, StartUtterance]
 
 
-def test_barge_in_needs_min_speech():
-    m = TurnMachine(TurnConfig(barge_in_min_speech_s=0.3))
-    _, t = drive(m, "#" * 20 + "." * 20)
-    m.on_reply_started(t)
-    cmds, t = drive(m, "#" * 5 + "." * 5, t)  # 160 ms: a cough
-    assert cmds == [] and m.state == State.BOT_SPEAKING
-    cmds, t = drive(m, "#" * 12, t)
-    assert [type(c) for _, c in cmds] == [BargeIn, StartUtterance]
-    assert m.state == State.USER_SPEAKING
-
-
-def test_max_utterance_forces_endpoint():
-    m = TurnMachine(TurnConfig(max_utterance_s=1.0))
-    cmds, _ = drive(m, "#" * 35)  # 1.12 s
-    assert [type(c) for _, c in cmds] == [StartUtterance, EndOfTurn]
-    assert m.state == State.THINKING
-    # a user who keeps talking interrupts that forced turn once, and starts a new utterance
-    cmds, _ = drive(m, "#" * 20, 35 * F)
-    assert [type(c) for _, c in cmds] == [BargeIn, StartUtterance]
-
-
-def test_empty_transcript_returns_to_listening():
-    m = TurnMachine()
-    _, t = drive(m, "#" * 20 + "." * 20)
-    m.on_reply_finished(t)
-    assert m.state == State.LISTENING
-    cmds, _ = drive(m, "#" * 10, t)
-    assert [type(c) for _, c in cmds] == [StartUtterance]
+def test_a_complete_sentence_ends_the_turn_after_the_short_silence():
+    d = Driver(max_endpoint_s=1.5, endpoint_silence_s=0.5).frames("#" * 20 + "." * 8).eou(0.1)
+    d.log += d.m.on_transcript(d.t, complete=True)  # too early: only 0.26 s of silence
+    assert d.m.state == P
+    d.frames("." * 8)  # 16 frames = 0.51 s
+    assert d.kinds() == [StartUtterance, SpeechPaused, EndOfTurn]
+    d2 = Driver(max_endpoint_s=1.5).frames("#" * 20 + "." * 8).eou(0.1)
+    d2.log += d2.m.on_transcript(d2.t, complete=False)
+    d2.frames("." * 16)
+    assert d2.m.state == P  # an unfinished sentence waits for the long timeout
