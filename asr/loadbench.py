@@ -54,7 +54,8 @@ class ClientResult:
     wall_s: float = 0.0
     words: list[str] = field(default_factory=list)
     first_word_latency: float | None = None
-    word_latencies: list[float] = field(default_factory=list)
+    word_latencies: list[float] = field(default_factory=list)  # Word arrival - word start in the audio
+    end_latencies: list[float] = field(default_factory=list)  # EndWord arrival - word end in the audio
     error: str | None = None
 
 
@@ -115,6 +116,8 @@ async def run_client(url: str, api_key: str, pcm: np.ndarray, speed: float, dela
                     res.word_latencies.append(now - sent_at)
                     if res.first_word_latency is None:
                         res.first_word_latency = now
+                elif m["type"] == "EndWord":
+                    res.end_latencies.append(now - (m["stop_time"] / speed if speed > 0 else 0.0))
                 elif m["type"] == "Marker":
                     break
                 elif m["type"] == "Error":
@@ -172,9 +175,13 @@ async def load_test(args) -> int:
         rtf = [r.wall_s / r.audio_s for r in ok]
         fw = [r.first_word_latency for r in ok if r.first_word_latency is not None]
         wl = [x for r in ok for x in r.word_latencies]
-        print(f"speed={args.speed or 'max'}x  RTF(wall/audio) mean={np.mean(rtf):.3f} max={np.max(rtf):.3f}")
+        print(f"speed={f'{args.speed:g}x' if args.speed else 'max'}  RTF(wall/audio) mean={np.mean(rtf):.3f} max={np.max(rtf):.3f}")
         print(f"first-word latency s: p50={pct(fw, 50):.3f} p90={pct(fw, 90):.3f} (n={len(fw)})")
-        print(f"per-word latency s: p50={pct(wl, 50):.3f} p90={pct(wl, 90):.3f} p99={pct(wl, 99):.3f} (n={len(wl)})")
+        el = [x for r in ok for x in r.end_latencies]
+        print(f"per-word latency s (Word arrival - word start in audio): p50={pct(wl, 50):.3f} "
+              f"p90={pct(wl, 90):.3f} p99={pct(wl, 99):.3f} (n={len(wl)})")
+        print(f"end-of-word latency s (EndWord arrival - word end in audio): p50={pct(el, 50):.3f} "
+              f"p90={pct(el, 90):.3f} p99={pct(el, 99):.3f} (n={len(el)})")
         if refs:
             from asr.wer import wer
 
