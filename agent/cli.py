@@ -134,6 +134,10 @@ def cmd_run(args) -> int:
                "voice_to_voice_max_ms": round(max(v2v), 1) if v2v else None, "mode": args.mode,
                "speculation": session.speculation_stats, "history": session.history,
                "clears": [e["t"] for e in transport.events_log if e["type"] == "clear"]}
+    if args.far_end_log:
+        with open(args.far_end_log, "w") as f:
+            for e in transport.events_log:
+                f.write(json.dumps(e) + "\n")
     print(json.dumps(summary))
     if log_file:
         log_file.write(json.dumps(summary) + "\n")
@@ -187,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gap", type=float, default=1.0, help="silence after a reply before the next input (s)")
     p.add_argument("--fast", action="store_true", help="feed input as fast as possible (latencies meaningless)")
     p.add_argument("--trace", help="write a Perfetto trace here (and a JSONL event log beside it)")
+    p.add_argument("--far-end-log", help="write what the far end received and played (JSON lines)")
     _trace_args(p)
     _model_args(p)
     p.set_defaults(func=cmd_run)

@@ -23,7 +23,7 @@ class Played:
 
     chunk_id: int
     event: str  # "start" | "end"
-    server_time: float | None = None  # time.monotonic() on the server clock, if known
+    server_time: float | None = None  # time.perf_counter() on the server clock, if known
 
 
 @dataclass(frozen=True)

@@ -62,14 +62,15 @@ class WavConversationTransport:
         self._got_audio_this_turn = False
         self.input_end_times: list[float] = []  # timeline seconds at which each input file ended
         self.input_start_times: list[float] = []
-        self.events_log: list[dict] = []
+        # what the far end saw and played (bounded): sent audio with its text, play starts, clears
+        self.events_log: deque[dict] = deque(maxlen=20000)
         self._resamplers: dict[int, StreamResampler] = {}
         self._gen = self._frames()
 
     # timeline ----------------------------------------------------------------------------
     @property
     def t0(self) -> float | None:
-        """Monotonic wall time of timeline second 0 (set on the first receive), or None before."""
+        """time.perf_counter() of timeline second 0 (set on the first receive), or None before."""
         return self._t0
 
     def now(self) -> float:
@@ -87,6 +88,7 @@ class WavConversationTransport:
                 offset = self._out_len - start
                 if offset == 0:
                     self._events.append(Played(item.chunk_id, "start"))
+                    self.events_log.append({"type": "played", "id": item.chunk_id, "t": self._out_len / rate})
                 n = min(item.pcm.size - offset, target - self._out_len)
                 self._sink.write(item.pcm[offset:offset + n])
                 self._out_len += n
@@ -120,6 +122,7 @@ class WavConversationTransport:
                 frame = turn.pcm[k:k + n]
                 yield np.pad(frame, (0, n - frame.size))
             self.input_end_times.append(self.now())
+            self._got_audio_this_turn = False  # only audio sent after the input ended answers it
         yield from self._wait_for_reply(silence)
 
     def _wait_for_reply(self, silence):
@@ -134,13 +137,13 @@ class WavConversationTransport:
         if self._events:
             return self._events.popleft()
         if self._t0 is None:
-            self._t0 = time.monotonic()
+            self._t0 = time.perf_counter()
         frame = next(self._gen, None)
         if frame is None:
             return None
         if self.realtime:
             due = self._t0 + self._frames_sent * FRAME_S
-            delay = due - time.monotonic()
+            delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
         else:
@@ -157,11 +160,13 @@ class WavConversationTransport:
             pcm = float_to_int16(rs(pcm.astype(np.float32) / 32768.0))
         start = max(self.now(), self._last_audio_end)
         self._queued.append(_Scheduled(chunk.chunk_id, start, pcm))
+        self.events_log.append({"type": "audio", "id": chunk.chunk_id, "text": chunk.text, "t": self.now()})
         self._last_audio_end = start + pcm.size / self.output_sample_rate
         self._got_audio_this_turn = True
 
     async def clear(self) -> None:
         self._queued.clear()
+        self._got_audio_this_turn = False
         self._last_audio_end = self.now()
         self.events_log.append({"type": "clear", "t": self.now()})
 

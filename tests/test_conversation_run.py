@@ -1,0 +1,84 @@
+"""Stream-and-compute behaviour end to end, with the real default models, through `duplex run`:
+a barge-in that cancels the LLM within one token and flushes the audio, a context that keeps only
+the words the user heard, and a speculative reply that is committed."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from helpers import say, silence
+
+pytestmark = pytest.mark.models
+
+
+@pytest.fixture(scope="module")
+def conversation(tmp_path_factory):
+    d = tmp_path_factory.mktemp("conv")
+    inputs = {
+        "story": "Please tell me a long story about a brave little dragon.",
+        "stop": "Stop. Wait a moment please.",
+        "spider": "How many legs does a spider have?",
+    }
+    for name, text in inputs.items():
+        x = say(text, d / f"{name}.raw.wav")
+        sf.write(d / f"{name}.wav", np.concatenate([silence(0.4), x, silence(0.2)]), 16000, subtype="PCM_16")
+    out = d / "bot.wav"
+    cmd = [sys.executable, "-m", "agent.cli", "run",
+           "--input", str(d / "story.wav"), "--input", f"{d / 'stop.wav'}@+2.5", "--input", str(d / "spider.wav"),
+           "--output", str(out), "--log", str(d / "log.jsonl"), "--trace", str(d / "run.trace.json"),
+           "--far-end-log", str(d / "far.jsonl"), "--max-tokens", "400",
+           # a long answer, so the LLM is still generating when the user talks over it
+           "--system-prompt", "You are a storyteller. Answer every request with a long, detailed story "
+                              "of at least ten sentences. Answer questions in one sentence."]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (d / "log.jsonl").read_text().splitlines()]
+    far = [json.loads(line) for line in (d / "far.jsonl").read_text().splitlines()]
+    print("\n".join(json.dumps(r)[:400] for r in rows))
+    return d, [r for r in rows if "turn" in r], rows[-1], far
+
+
+def test_barge_in_cancels_llm_within_one_token_and_flushes_audio(conversation):
+    from agent.trace_export import load_events
+
+    d, turns, summary, far = conversation
+    assert turns[0]["interrupted"], "speaking over the story did not interrupt it"
+    events = load_events(str(d / "run.trace.json"))
+    barge = min(e.ts_ns for e in events if e.stage == "turn" and e.name == "barge_in" and e.turn == 0)
+    late_tokens = [e for e in events if e.stage == "llm" and e.name == "token" and e.turn == 0 and e.ts_ns > barge]
+    assert len(late_tokens) <= 1, f"{len(late_tokens)} LLM tokens after the barge-in"
+    assert any(e.stage == "llm" and e.name == "cancel" and e.turn == 0 for e in events), \
+        "the LLM was not cancelled (it had finished: the test needs a longer answer)"
+    assert any(e.stage == "tts" and e.name == "cancel" and e.turn == 0 for e in events)
+
+    clear_t = next(e["t"] for e in far if e["type"] == "clear")
+    audio, rate = sf.read(d / "bot.wav", dtype="float32")
+    before = audio[int((clear_t - 0.6) * rate):int((clear_t - 0.05) * rate)]
+    after = audio[int((clear_t + 0.05) * rate):int((clear_t + 0.8) * rate)]
+    assert np.sqrt(np.mean(before ** 2)) > 0.01, "the bot was not speaking before the barge-in"
+    assert np.abs(after).max() < 1e-3, "the bot's audio went on after the flush"
+
+
+def test_context_keeps_exactly_the_heard_words(conversation):
+    d, turns, summary, far = conversation
+    clear_t = next(e["t"] for e in far if e["type"] == "clear")
+    played = {e["id"] for e in far if e["type"] == "played" and e["t"] <= clear_t}
+    sent = [e for e in far if e["type"] == "audio" and e["t"] <= clear_t]
+    heard = " ".join(e["text"] for e in sent if e["id"] in played and e["text"]).strip()
+    assert heard, "nothing of the story was heard"
+    history = summary["history"]
+    assert history[0] == {"role": "user", "content": turns[0]["user"]}
+    assert history[1] == {"role": "assistant", "content": heard}
+    reply_words, heard_words = turns[0]["reply"].split(), heard.split()
+    assert len(heard_words) < len(reply_words) and reply_words[:len(heard_words)] == heard_words
+
+
+def test_a_speculative_reply_is_committed(conversation):
+    d, turns, summary, far = conversation
+    assert summary["speculation"]["committed"] >= 1, summary["speculation"]
+    committed = [t for t in turns if t["speculative"]]
+    assert committed and all(t["reply"] and t["voice_to_voice_ms"] > 0 for t in committed)
+    assert "spider" in turns[-1]["user"].lower() and turns[-1]["reply"]
