@@ -3,7 +3,8 @@
 Path `/api/asr-streaming`, msgpack frames (asr/PROTOCOL.md), `kyutai-api-key` header (or the
 `auth_id` query parameter, as moshi-server also accepts). It serves any `Recognizer`
 (asr.scheduler): by default the batched engine with a tiny random model (NOT a speech model,
-for trying the plumbing), or a real Kyutai STT checkpoint with `--model`.
+for trying the plumbing), a real Kyutai STT checkpoint with `--model`, or the embedded Whisper
+recognizer with `--model whisper-tiny.en` (a real speech model that works offline).
 
 Backpressure: the reader awaits `session.feed`, which waits while the session's input buffer
 is full; meanwhile nothing more is read from that socket and websockets' small incoming queue
@@ -128,7 +129,18 @@ class AsrServer:
 
 
 def build_recognizer(args) -> Recognizer:
-    """The engine scheduler for --model (or the tiny random model) with the CLI's settings."""
+    """The recognizer for --model (the tiny random engine by default) with the CLI's settings."""
+    from asr.whisper import EMBEDDED
+
+    if args.model in EMBEDDED:
+        from asr.whisper import WhisperRecognizer
+        from asr.whisper_service import WhisperService, WhisperServiceConfig
+
+        cfg = WhisperServiceConfig(max_sessions=args.slots, buffer_seconds=args.buffer_seconds,
+                                   admission_wait_s=args.admission_wait, idle_timeout_s=args.idle_timeout,
+                                   max_session_s=args.max_session)
+        return WhisperService(WhisperRecognizer.load(args.model), cfg)
+
     from asr.kyutai import from_pretrained, tiny_random
     from asr.scheduler import EngineScheduler, SchedulerConfig
 
@@ -145,15 +157,20 @@ def build_recognizer(args) -> Recognizer:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="duplex asr-serve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="duplex asr-serve", description=__doc__.split("\n\n")[0],
+        epilog="A real speech model offline: duplex asr-serve --model whisper-tiny.en (the embedded Whisper "
+               "tiny.en, segmented by Silero VAD; words come at utterance ends). Protocol: asr/PROTOCOL.md.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--model", default=None,
-                   help="Kyutai STT checkpoint: hub id (needs internet), e.g. kyutai/stt-1b-en_fr, or a local "
-                        "transformers directory. Default: a tiny RANDOM model (not a speech model).")
+                   help="whisper-tiny.en: the embedded Whisper recognizer (offline, real speech model); or a "
+                        "Kyutai STT checkpoint: hub id (needs internet), e.g. kyutai/stt-1b-en_fr, or a local "
+                        "transformers directory. Default: a tiny RANDOM Kyutai model (not a speech model).")
     p.add_argument("--slots", type=int, default=8, help="batch size B: concurrent streams")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="LM dtype for --model")
+    p.add_argument("--device", default="cpu", help="torch device for the Kyutai engine (Whisper runs on CPU)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16",
+                   help="LM dtype for a Kyutai --model")
     p.add_argument("--compile", action="store_true", help="torch.compile the engine step")
     p.add_argument("--api-key", action="append", default=None,
                    help="accepted kyutai-api-key (repeatable; default: public_token)")

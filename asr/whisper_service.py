@@ -1,0 +1,455 @@
+"""The embedded Whisper recognizer behind the moshi-server protocol (`duplex asr-serve --model whisper-tiny.en`).
+
+Implements the scheduler's `Recognizer` / `RecognizerSession` hooks (asr.scheduler) for
+`asr.whisper.WhisperRecognizer`, so `asr.server.AsrServer` serves it unchanged:
+
+- input: float32 PCM at 24 kHz, resampled to 16 kHz by a streaming soxr resampler (its output
+  is aligned with its input, so the 16 kHz sample count is the stream clock);
+- segmentation: Silero VAD on 32 ms windows (one ONNX session shared by all streams, a
+  recurrent state per stream; or any VAD injected with `vad_factory`). An utterance starts at
+  the first speech window (plus `pre_roll_s` before it) and ends after `min_silence_s` of
+  non-speech, or when it reaches Whisper's utterance capacity;
+- output: at each utterance end the utterance is decoded with word timestamps and every word
+  is sent as `Word(text, start_time)` + `EndWord(stop_time)`, times in seconds from the first
+  sample of the stream; a `Step` per 80 ms of audio processed, whose `prs` holds the latest
+  Silero speech probability;
+- `Marker`: echoed once all audio sent before it has gone through the VAD and no utterance that
+  began before it is still open, i.e. after every word for that audio. Keep sending audio
+  (silence) after a marker, or send `Flush`.
+
+All model work (resampling, VAD, Whisper decodes) runs in a small thread pool, never on the
+event loop; one Whisper model serves every connection (it serialises decodes with its lock).
+Memory per stream is bounded: the input buffer (`buffer_seconds`, the same backpressure as the
+engine scheduler), Whisper's preallocated utterance buffer, the pre-roll ring, the output
+queue (a stream whose client does not read is not processed) and the pending markers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soxr
+
+from asr.moshi_protocol import EndWord, Error, MarkerReply, ServerMessage, Step, Word
+from asr.scheduler import NoFreeSlot, SessionClosed
+from asr.whisper import SAMPLE_RATE as WHISPER_RATE
+from asr.whisper import WhisperRecognizer, WhisperStream
+
+IN_RATE = 24000
+STEP_IN = 1920  # 80 ms at 24 kHz: one moshi step
+STEP_16K = STEP_IN * WHISPER_RATE // IN_RATE  # 1280
+VAD_WINDOW = 512  # Silero's window at 16 kHz (32 ms)
+
+# A VAD stream: fed 16 kHz float32 samples, returns one speech probability per completed
+# 512-sample window (the i-th value scores stream samples [512 i, 512 (i + 1))). This is the
+# interface of agent.vad.SileroVAD.__call__, so the agent can inject its own.
+VadStream = Callable[[np.ndarray], Sequence[float]]
+VadFactory = Callable[[], VadStream]
+
+
+# ---- Silero VAD (ONNX), found the way agent/vad.py finds it, without importing agent ------------
+def silero_model_path() -> Path:
+    """pipecat-ai's bundled silero_vad.onnx, located without importing pipecat."""
+    spec = importlib.util.find_spec("pipecat")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("pipecat-ai is not installed; it ships the Silero VAD model (or pass vad_factory)")
+    return Path(list(spec.submodule_search_locations)[0]) / "audio" / "vad" / "data" / "silero_vad.onnx"
+
+
+class SileroOnnx:
+    """One ONNX session (thread-safe `run`) shared by all streams; `new_stream()` is a VadFactory."""
+
+    CONTEXT = 64
+
+    def __init__(self, model_path: str | Path | None = None):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.inter_op_num_threads = 1
+        opts.intra_op_num_threads = 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(str(model_path or silero_model_path()), sess_options=opts,
+                                            providers=["CPUExecutionProvider"])
+
+    def new_stream(self) -> "_SileroStream":
+        return _SileroStream(self)
+
+
+class _SileroStream:
+    def __init__(self, model: SileroOnnx):
+        self._run = model.session.run
+        self._state = np.zeros((2, 1, 128), np.float32)
+        self._context = np.zeros((1, SileroOnnx.CONTEXT), np.float32)
+        self._pending = np.zeros(0, np.float32)  # < 512 samples
+        self._sr = np.array(WHISPER_RATE, dtype=np.int64)
+
+    def __call__(self, pcm: np.ndarray) -> list[float]:
+        buf = np.concatenate([self._pending, np.asarray(pcm, np.float32).reshape(-1)])
+        n = buf.size // VAD_WINDOW
+        probs = []
+        for i in range(n):
+            x = np.concatenate([self._context, buf[i * VAD_WINDOW:(i + 1) * VAD_WINDOW].reshape(1, -1)], axis=1)
+            out, self._state = self._run(None, {"input": x, "state": self._state, "sr": self._sr})
+            self._context = x[:, -SileroOnnx.CONTEXT:]
+            probs.append(float(out[0, 0]))
+        self._pending = buf[n * VAD_WINDOW:].copy()
+        return probs
+
+
+# ---- configuration -------------------------------------------------------------------------------
+@dataclass
+class WhisperServiceConfig:
+    max_sessions: int = 8  # concurrent streams (`--slots`)
+    buffer_seconds: float = 10.0  # per-session input cap (24 kHz samples held, not yet processed)
+    admission_wait_s: float = 0.0
+    idle_timeout_s: float = 120.0
+    max_session_s: float = 4 * 3600.0
+    out_queue_max: int = 256
+    max_pending_markers: int = 64
+    chunk_seconds: float = 0.48  # audio handed to the worker per call
+    workers: int = 2  # threads for resampling / VAD / decodes (decodes are serialised anyway)
+    vad_threshold: float = 0.5  # a window at or above this starts (or continues) speech
+    vad_off_threshold: float = 0.35  # below this a window counts as silence
+    min_silence_s: float = 0.5  # silence that ends an utterance
+    min_speech_s: float = 0.15  # shorter utterances are dropped undecoded (clicks, breaths)
+    pre_roll_s: float = 0.3  # audio kept before the first speech window
+    post_roll_s: float = 0.2  # audio kept after the last speech window
+    flush_silence_s: float = 1.0  # silence a Flush appends (ends any open utterance)
+
+
+# ---- the per-stream pipeline (worker-thread side) --------------------------------------------------
+class _Pipeline:
+    """Resampler + VAD segmentation + Whisper stream for one connection. Not thread-safe: the
+    session runs one `process` call at a time. Reads of `scored`/`utt_start` happen on the event
+    loop between calls."""
+
+    def __init__(self, stream: WhisperStream, vad: VadStream, cfg: WhisperServiceConfig):
+        self.cfg, self.stream, self.vad = cfg, stream, vad
+        self.rs = soxr.ResampleStream(IN_RATE, WHISPER_RATE, 1, dtype="float32", quality="HQ")
+        self.unscored = np.zeros(0, np.float32)  # 16 kHz samples handed to the VAD, not yet scored
+        self.scored = 0  # 16 kHz samples scored by the VAD: the stream position (clock)
+        pre = max(VAD_WINDOW, int(cfg.pre_roll_s * WHISPER_RATE) // VAD_WINDOW * VAD_WINDOW)
+        self.ring = np.zeros(pre, np.float32)  # the last `pre` scored samples
+        self.ring_fill = 0
+        self.utt_start: int | None = None  # 16 kHz position where the open utterance begins
+        self.last_speech_end = 0
+        self.speech_windows = 0
+        self.silence_windows = 0
+        self.steps = 0
+        self.last_prob = 0.0
+        self.last_word_start = 0.0
+        self.utterances = 0
+        self._silence_end = math.ceil(cfg.min_silence_s * WHISPER_RATE / VAD_WINDOW)
+        self._cap = int(stream.capacity_seconds * WHISPER_RATE) - VAD_WINDOW
+
+    def process(self, pcm24: np.ndarray) -> list[ServerMessage]:
+        out: list[ServerMessage] = []
+        x = self.rs.resample_chunk(np.asarray(pcm24, np.float32))
+        self.unscored = np.concatenate([self.unscored, x]) if self.unscored.size else x
+        probs = self.vad(x)
+        for i, p in enumerate(probs):
+            self._window(self.unscored[i * VAD_WINDOW:(i + 1) * VAD_WINDOW], float(p), out)
+        self.unscored = self.unscored[len(probs) * VAD_WINDOW:].copy()
+        return out
+
+    def _window(self, w: np.ndarray, p: float, out: list[ServerMessage]) -> None:
+        cfg, t = self.cfg, self.scored
+        self.last_prob = p
+        if self.utt_start is None:
+            if p >= cfg.vad_threshold:
+                start = t - self.ring_fill
+                self.stream.reset(start_s=start / WHISPER_RATE)
+                if self.ring_fill:
+                    self.stream.push(self.ring[-self.ring_fill:])
+                self.stream.push(w)
+                self.utt_start, self.last_speech_end = start, t + w.size
+                self.speech_windows, self.silence_windows = 1, 0
+        else:
+            if (t + w.size) - self.utt_start > self._cap:  # Whisper's buffer is full: cut here
+                self._end_utterance(out, pushed=t - self.utt_start, whole=True)
+                self.stream.reset(start_s=t / WHISPER_RATE)
+                self.utt_start, self.last_speech_end = t, t
+                self.speech_windows = self.silence_windows = 0
+            self.stream.push(w)
+            if p >= cfg.vad_off_threshold:
+                self.speech_windows += 1
+                self.silence_windows = 0
+                self.last_speech_end = t + w.size
+            else:
+                self.silence_windows += 1
+                if self.silence_windows >= self._silence_end:
+                    self._end_utterance(out, pushed=t + w.size - self.utt_start)
+        # the pre-roll ring always holds the latest scored audio
+        self.ring = np.roll(self.ring, -w.size)
+        self.ring[-w.size:] = w
+        self.ring_fill = min(self.ring.size, self.ring_fill + w.size)
+        self.scored = t + w.size
+        while (self.steps + 1) * STEP_16K <= self.scored:
+            self.steps += 1
+            out.append(Step(self.steps, (round(self.last_prob, 4),)))
+
+    def _end_utterance(self, out: list[ServerMessage], pushed: int, whole: bool = False) -> None:
+        """Decode the open utterance (`pushed` samples so far) and emit its words."""
+        start = self.utt_start
+        self.utt_start = None
+        assert start is not None
+        if self.speech_windows * VAD_WINDOW < self.cfg.min_speech_s * WHISPER_RATE:
+            self.stream.reset()
+            return
+        n = pushed if whole else min(pushed, self.last_speech_end - start + int(self.cfg.post_roll_s * WHISPER_RATE))
+        hyp = self.stream.finalize(n)
+        self.utterances += 1
+        lo = start / WHISPER_RATE
+        hi = lo + n / WHISPER_RATE
+        for w in hyp.words:
+            text = w.text.strip()
+            if not text:
+                continue
+            s = min(max(w.start, lo, self.last_word_start), hi)
+            e = min(max(w.end, s), hi)
+            self.last_word_start = s
+            out.append(Word(text, s))
+            out.append(EndWord(e))
+
+
+# ---- sessions (event-loop side) ------------------------------------------------------------------
+class WhisperSession:
+    """One client stream: bounded input buffer, a worker task, markers and an output queue."""
+
+    def __init__(self, service: "WhisperService", pipeline: _Pipeline):
+        self._svc, self._pipe = service, pipeline
+        cfg = service.config
+        self.capacity = int(math.ceil(cfg.buffer_seconds * IN_RATE / STEP_IN)) * STEP_IN
+        self._chunk = max(STEP_IN, int(cfg.chunk_seconds * IN_RATE) // STEP_IN * STEP_IN)
+        self._buf = np.zeros(self.capacity, np.float32)
+        self._start = self._len = 0
+        self._received = 0  # input samples accepted so far
+        self._room = asyncio.Event()
+        self._work = asyncio.Event()
+        self._has_out = asyncio.Event()
+        self._out: deque[ServerMessage] = deque()
+        self._markers: deque[tuple[int, int]] = deque()  # (input sample target, id)
+        self.opened_at = self.last_input = time.monotonic()
+        self.closed_reason: str | None = None
+        self.max_buffered = 0
+        self._task = asyncio.create_task(self._run(), name="asr-whisper-session")
+
+    # ---- client side (RecognizerSession) ---------------------------------------------------------
+    @property
+    def buffered_samples(self) -> int:
+        return self._len
+
+    @property
+    def closed(self) -> bool:
+        return self.closed_reason is not None
+
+    async def feed(self, pcm: np.ndarray) -> None:
+        pcm = np.asarray(pcm, np.float32).reshape(-1)
+        if pcm.size > self.capacity:
+            raise ValueError(f"at most {self.capacity} samples per call")
+        self.last_input = time.monotonic()
+        while self.capacity - self._len < pcm.size:
+            if self.closed:
+                raise SessionClosed(self.closed_reason)
+            self._room.clear()
+            await self._room.wait()
+        if self.closed:
+            raise SessionClosed(self.closed_reason)
+        if self._start + self._len + pcm.size > self.capacity:  # compact; O(capacity), rare
+            self._buf[:self._len] = self._buf[self._start:self._start + self._len]
+            self._start = 0
+        end = self._start + self._len
+        self._buf[end:end + pcm.size] = pcm
+        self._len += pcm.size
+        self._received += pcm.size
+        self.max_buffered = max(self.max_buffered, self._len)
+        self.last_input = time.monotonic()
+        self._work.set()
+
+    async def mark(self, marker_id: int) -> None:
+        if self.closed:
+            raise SessionClosed(self.closed_reason)
+        self.last_input = time.monotonic()
+        if len(self._markers) >= self._svc.config.max_pending_markers:
+            self._push(Error(f"too many pending markers (max {self._svc.config.max_pending_markers})"))
+            return
+        self._markers.append((self._received, marker_id))
+        self._resolve_markers()
+
+    async def flush(self) -> None:
+        silence = int(self._svc.config.flush_silence_s * IN_RATE)
+        while silence > 0:
+            n = min(silence, self.capacity)
+            await self.feed(np.zeros(n, np.float32))
+            silence -= n
+
+    async def messages(self) -> list[ServerMessage]:
+        while not self._out:
+            if self.closed:
+                return []
+            self._has_out.clear()
+            await self._has_out.wait()
+        out = list(self._out)
+        self._out.clear()
+        self._work.set()  # a worker paused on a full output queue may run again
+        return out
+
+    async def close(self) -> None:
+        self._svc._release(self, "closed by client")
+
+    # ---- worker --------------------------------------------------------------------------------
+    def _push(self, msg: ServerMessage) -> None:
+        self._out.append(msg)
+        self._has_out.set()
+
+    def _resolve_markers(self) -> None:
+        """A marker is due once the VAD has scored all audio before it and no utterance that
+        began before it is still open (its words have been sent)."""
+        p = self._pipe
+        scored_in = p.scored * IN_RATE // WHISPER_RATE
+        open_in = None if p.utt_start is None else p.utt_start * IN_RATE // WHISPER_RATE
+        while self._markers:
+            target, mid = self._markers[0]
+            if scored_in < target or (open_in is not None and open_in < target):
+                break
+            self._markers.popleft()
+            self._push(MarkerReply(mid))
+
+    def _pop(self) -> np.ndarray:
+        n = min(self._len, self._chunk)
+        chunk = self._buf[self._start:self._start + n].copy()
+        self._start += n
+        self._len -= n
+        if self._len == 0:
+            self._start = 0
+        self._room.set()
+        return chunk
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        cfg = self._svc.config
+        try:
+            while not self.closed:
+                if self._len == 0 or len(self._out) >= cfg.out_queue_max:
+                    self._work.clear()
+                    await self._work.wait()
+                    continue
+                chunk = self._pop()
+                msgs = await loop.run_in_executor(self._svc._executor, self._pipe.process, chunk)
+                if self.closed:
+                    return
+                for m in msgs:
+                    self._push(m)
+                self._resolve_markers()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a model failure ends this stream, not the server
+            self._svc._release(self, f"recognizer failed: {e!r}", error=f"recognizer failed: {type(e).__name__}")
+
+    def _close(self, reason: str, error: str | None = None) -> None:
+        if self.closed:
+            return
+        if error:
+            self._push(Error(error))
+        self.closed_reason = reason
+        self._room.set()
+        self._work.set()
+        self._has_out.set()
+
+
+class WhisperService:
+    """Serves `WhisperRecognizer` streams; implements `asr.scheduler.Recognizer`."""
+
+    sample_rate = IN_RATE
+
+    def __init__(self, recognizer: WhisperRecognizer, config: WhisperServiceConfig | None = None,
+                 vad_factory: VadFactory | None = None):
+        self.recognizer = recognizer
+        self.config = config or WhisperServiceConfig()
+        self.name = f"{recognizer.name} (embedded Whisper)"
+        self._vad_factory = vad_factory
+        self._sessions: list[WhisperSession] = []
+        self._freed = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max(1, self.config.workers), thread_name_prefix="asr-whisper")
+        self._sweeper: asyncio.Task | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.max_sessions
+
+    @property
+    def sessions(self) -> list[WhisperSession]:
+        return list(self._sessions)
+
+    async def start(self) -> None:
+        if self._vad_factory is None:
+            self._vad_factory = SileroOnnx().new_stream
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep(), name="asr-whisper-sweeper")
+
+    async def stop(self) -> None:
+        for s in self.sessions:
+            self._release(s, "server stopping", error="server stopping")
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            try:
+                await self._sweeper
+            except asyncio.CancelledError:
+                pass
+            self._sweeper = None
+        self._executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> "WhisperService":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    async def open_session(self) -> WhisperSession:
+        if self._vad_factory is None:
+            await self.start()
+        deadline = time.monotonic() + self.config.admission_wait_s
+        while len(self._sessions) >= self.config.max_sessions:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NoFreeSlot(f"no free slot: all {self.config.max_sessions} slots are busy")
+            self._freed.clear()
+            try:
+                await asyncio.wait_for(self._freed.wait(), timeout=left)
+            except TimeoutError:
+                pass
+        assert self._vad_factory is not None
+        pipe = _Pipeline(self.recognizer.open_stream(), self._vad_factory(), self.config)
+        session = WhisperSession(self, pipe)
+        self._sessions.append(session)
+        return session
+
+    def _release(self, session: WhisperSession, reason: str, error: str | None = None) -> None:
+        session._close(reason, error)
+        if session in self._sessions:
+            self._sessions.remove(session)
+            self._freed.set()
+        task = session._task
+        if task is not asyncio.current_task() and not task.done():
+            task.cancel()  # a decode already running finishes in its thread; its result is dropped
+
+    async def _sweep(self) -> None:
+        cfg = self.config
+        while True:
+            now = time.monotonic()
+            for s in self.sessions:
+                if now - s.opened_at > cfg.max_session_s:
+                    self._release(s, "max session length", error="session evicted: maximum session length reached")
+                elif now - s.last_input > cfg.idle_timeout_s and s._len == 0:
+                    self._release(s, "idle timeout", error="session evicted: idle timeout")
+            await asyncio.sleep(0.25)

@@ -1,0 +1,170 @@
+"""`duplex asr-serve --model whisper-tiny.en`: the embedded Whisper recognizer over the moshi protocol.
+
+Real server on 127.0.0.1, real models (faster-whisper tiny.en, Silero VAD), real speech from the
+shared dev set streamed as msgpack Audio at 24 kHz in 80 ms chunks, faster than real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import msgpack
+import numpy as np
+import pytest
+import soundfile as sf
+import soxr
+import websockets
+
+from asr.moshi_protocol import decode_server
+from asr.server import PATH, AsrServer, build_recognizer, parse_args
+from asr.wer import wer
+from helpers import DEV
+
+pytestmark = pytest.mark.models
+
+RATE = 24000
+CHUNK = 1920  # 80 ms
+KEY = {"kyutai-api-key": "public_token"}
+CLIPS = ["sense_and_sensibility_01_austen_64kb-0870.wav", "goforward.wav"]
+
+
+def reference(name: str) -> str:
+    for line in (DEV / "transcripts.tsv").read_text().splitlines():
+        file, _, text = line.partition("\t")
+        if file == name:
+            return text
+    raise KeyError(name)
+
+
+def clip_24k(name: str) -> np.ndarray:
+    data, rate = sf.read(DEV / name, dtype="float32")
+    return soxr.resample(data, rate, RATE, quality="HQ").astype(np.float32)
+
+
+def audio_msg(pcm: np.ndarray) -> bytes:
+    return msgpack.packb({"type": "Audio", "pcm": pcm.astype(np.float32).tolist()}, use_single_float=True)
+
+
+@contextlib.asynccontextmanager
+async def whisper_server(slots: int = 2):
+    # the same construction path as `duplex asr-serve --model whisper-tiny.en`
+    recognizer = build_recognizer(parse_args(["--model", "whisper-tiny.en", "--slots", str(slots)]))
+    server = AsrServer(recognizer)
+    async with recognizer, server.serving() as port:
+        yield recognizer, f"ws://127.0.0.1:{port}{PATH}"
+
+
+async def transcribe(url: str, pcm: np.ndarray, marker_id: int) -> tuple[list[dict], list[dict]]:
+    """Stream `pcm`, a Marker, then 2 s of silence; return (Words and EndWords, everything)."""
+    async with websockets.connect(url, additional_headers=KEY) as ws:
+        first = decode_server(await asyncio.wait_for(ws.recv(), 30))
+        assert first["type"] == "Ready"
+        seen: list[dict] = []
+
+        async def send():
+            for i in range(0, pcm.size, CHUNK):
+                await ws.send(audio_msg(pcm[i:i + CHUNK]))
+            await ws.send(msgpack.packb({"type": "Marker", "id": marker_id}))
+            silence = np.zeros(CHUNK, np.float32)
+            for _ in range(25):  # 2 s of trailing silence, as Kyutai's clients send
+                await ws.send(audio_msg(silence))
+
+        sender = asyncio.create_task(send())
+        async with asyncio.timeout(60):
+            while True:
+                m = decode_server(await ws.recv())
+                seen.append(m)
+                assert m["type"] != "Error", m
+                if m["type"] == "Marker":
+                    assert m["id"] == marker_id
+                    break
+        await sender
+        return [m for m in seen if m["type"] in ("Word", "EndWord")], seen
+
+
+async def test_whisper_served_over_moshi_protocol_two_concurrent_streams():
+    clips = [clip_24k(c) for c in CLIPS]
+    async with whisper_server(slots=2) as (service, url):
+        results = await asyncio.gather(*(transcribe(url, pcm, 100 + i) for i, pcm in enumerate(clips)))
+        assert service.recognizer.name == "whisper-tiny.en"
+    hyps = []
+    for (words, seen), pcm in zip(results, clips):
+        starts = [m["start_time"] for m in words if m["type"] == "Word"]
+        stops = [m["stop_time"] for m in words if m["type"] == "EndWord"]
+        # every Word is followed by its EndWord
+        assert [m["type"] for m in words] == ["Word", "EndWord"] * len(starts)
+        assert starts, "no words"
+        duration = pcm.size / RATE
+        assert starts == sorted(starts)
+        assert all(0.0 <= s <= duration for s in starts), (starts, duration)
+        assert all(s <= e for s, e in zip(starts, stops))
+        # the marker came back after the words for the audio before it, and after its steps
+        steps = [m["step_idx"] for m in seen if m["type"] == "Step"]
+        assert steps == list(range(1, len(steps) + 1))
+        assert len(steps) >= pcm.size // CHUNK
+        assert all("buffered_pcm" in m for m in seen)
+        hyps.append(" ".join(m["text"] for m in words if m["type"] == "Word"))
+    refs = [reference(c) for c in CLIPS]
+    score = wer(refs, hyps)
+    assert score <= 0.20, (score, hyps, refs)
+
+
+async def collect_until_marker(session, marker_id: int) -> list:
+    got = []
+    async with asyncio.timeout(60):
+        while not any(type(m).__name__ == "MarkerReply" and m.id == marker_id for m in got):
+            batch = await session.messages()
+            assert batch, "session closed before the marker came back"
+            got += batch
+    return got
+
+
+async def test_flush_ends_the_utterance_and_buffers_stay_bounded():
+    from asr.whisper import WhisperRecognizer
+    from asr.whisper_service import WhisperService, WhisperServiceConfig
+
+    pcm = clip_24k("goforward.wav")[:int(2.1 * RATE)]  # cut 0.2 s after "meters": no pause to end on
+    cfg = WhisperServiceConfig(max_sessions=1, buffer_seconds=1.0)
+    async with WhisperService(WhisperRecognizer.load("whisper-tiny.en"), cfg) as service:
+        s = await service.open_session()
+        for i in range(0, pcm.size, 24000):  # 1 s pieces into a 1 s buffer: feed must wait for room
+            await s.feed(pcm[i:i + 24000])
+            assert s.buffered_samples <= s.capacity
+        await s.mark(7)  # no trailing silence from the client: only the Flush ends the utterance
+        await s.flush()
+        got = await collect_until_marker(s, 7)
+        words = [m.text for m in got if type(m).__name__ == "Word"]
+        assert wer(["go forward ten meters"], [" ".join(words)]) <= 0.25, words
+        assert s.max_buffered <= s.capacity < 2 * 24000
+        await s.close()
+        assert not service.sessions
+
+
+async def test_injected_vad_that_hears_nothing_gives_no_words_but_the_marker():
+    from asr.whisper import WhisperRecognizer
+    from asr.whisper_service import WhisperService, WhisperServiceConfig
+
+    def deaf_vad():
+        pending = [0]
+
+        def score(pcm):
+            pending[0] += len(pcm)
+            n, pending[0] = pending[0] // 512, pending[0] % 512
+            return [0.0] * n
+        return score
+
+    pcm = clip_24k("goforward.wav")
+    async with WhisperService(WhisperRecognizer.load("whisper-tiny.en"), WhisperServiceConfig(max_sessions=1),
+                              vad_factory=deaf_vad) as service:
+        s = await service.open_session()
+        await s.feed(pcm)
+        await s.mark(1)
+        await s.feed(np.zeros(4800, np.float32))
+        got = await collect_until_marker(s, 1)
+        assert not [m for m in got if type(m).__name__ == "Word"]
+        steps = [m for m in got if type(m).__name__ == "Step"]
+        assert len(steps) >= pcm.size // CHUNK and all(m.prs == (0.0,) for m in steps)
+        with pytest.raises(Exception, match="no free slot"):
+            await service.open_session()
+        await s.close()
