@@ -11,6 +11,7 @@ let currentTurn = -1, botLine = null;
 // stream time of the end of speech back to when the user actually stopped talking
 const FRAME_RING = 3000, frameTimes = new Float64Array(FRAME_RING);
 let framesSent = 0;
+let micLatencyMs = 0, outLatencyMs = 0;  // device latencies the browser reports, when it does
 
 function record(ev) { ev.page_ms = performance.now(); log.push(ev); }
 function line(cls, text) { const p = document.createElement("p"); p.className = cls; p.textContent = text; $("log").appendChild(p); return p; }
@@ -46,6 +47,8 @@ async function start() {
   const stream = await navigator.mediaDevices.getUserMedia({ audio: {
     channelCount: 1, echoCancellation: processing, noiseSuppression: processing, autoGainControl: processing } });
   record({ type: "mic_started" });
+  micLatencyMs = 1000 * (stream.getAudioTracks()[0].getSettings().latency || 0);
+  outLatencyMs = 1000 * ((playCtx.outputLatency || 0) + (playCtx.baseLatency || 0));
   mic.port.onmessage = (e) => {
     if (e.data.type === "frame" && ws.readyState === 1) {
       frameTimes[framesSent % FRAME_RING] = performance.now();
@@ -69,7 +72,7 @@ function onPlayer(e) {
     ws.send(JSON.stringify({ type: "played", id: m.id, event: "start", t: now, server_ms: now + clockOffset }));
     const t = turns[currentTurn];
     if (t && t.heard === undefined && t.captureEnd !== undefined) {
-      t.heard = now - t.captureEnd;  // mouth to ear, all on the page clock
+      t.heard = now + outLatencyMs - t.captureEnd;  // mouth to ear, all on the page clock
       record({ type: "heard_latency", turn: currentTurn, ms: t.heard });
       ws.send(JSON.stringify({ type: "metrics", turn: currentTurn, mouth_to_ear_ms: t.heard }));
       renderLatency(currentTurn);
@@ -99,8 +102,11 @@ function onMessage(e) {
     case "partial": $("partial").textContent = m.text; break;
     case "endpoint": {
       currentTurn = m.turn;
+      // frame k was posted when its last sample was captured; the end of speech lies inside it
       const k = Math.floor(m.speech_end_stream_s / 0.02);
-      const captureEnd = k < framesSent && framesSent - k <= FRAME_RING ? frameTimes[k % FRAME_RING] : undefined;
+      const intoFrameMs = (m.speech_end_stream_s - k * 0.02) * 1000;
+      const captureEnd = k < framesSent && framesSent - k <= FRAME_RING
+        ? frameTimes[k % FRAME_RING] - (20 - intoFrameMs) - micLatencyMs : undefined;
       turns[m.turn] = { speechEnd: m.speech_end_ms, captureEnd };
       break;
     }
