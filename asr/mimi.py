@@ -110,6 +110,12 @@ class _StreamConv(nn.Module):
         self.register_buffer("cache", torch.zeros(batch, cin, self.pad), persistent=False)
 
     def forward(self, x: torch.Tensor, active: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
+        if self.pad == 0 and self.conv.kernel_size[0] == 1:
+            # Pointwise conv (the residual blocks' second conv): no state, so it is a matmul. Done
+            # as one, because oneDNN's conv1d for kernel 1 with few channels is pathologically slow
+            # on batches (CPU, B=16, 2->4 channels x 1920 samples: 1.6 ms as conv, 0.03 ms as matmul).
+            y = torch.matmul(self.conv.weight[:, :, 0], x)
+            return y if self.conv.bias is None else y + self.conv.bias[:, None]
         prev = self.cache
         if self.replicate:  # static config: first frame of a stream pads with its first sample
             prev = torch.where(fresh[:, None, None], x[..., :1].expand_as(prev), prev)
