@@ -23,22 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
+from asr.vad import pipecat_asset, quiet_onnx_session
+
 SAMPLE_RATE = 16000
 WINDOW_S = 8
 N_SAMPLES = SAMPLE_RATE * WINDOW_S  # 128000
 N_FFT = 400
 HOP = 160
 N_MELS = 80
-
-
-def bundled_model_path() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("pipecat")  # locate the file without importing pipecat
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("pipecat-ai is not installed; it ships the smart-turn model")
-    return (Path(list(spec.submodule_search_locations)[0]) / "audio" / "turn" / "smart_turn" / "data"
-            / "smart-turn-v3.2-cpu.onnx")
 
 
 def _hz_to_mel(f: np.ndarray) -> np.ndarray:  # Slaney scale: linear below 1 kHz, log above
@@ -93,19 +85,9 @@ class SmartTurn:
     """The smart-turn v3.2 end-of-turn classifier (ONNX, CPU, one thread, no spinning)."""
 
     def __init__(self, model_path: str | Path | None = None, threads: int = 1):
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.inter_op_num_threads = 1
-        opts.intra_op_num_threads = threads
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # a spinning worker would starve the other models on a small CPU (see agent/models.py)
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-        self.model_path = Path(model_path or bundled_model_path())
-        self._session = ort.InferenceSession(str(self.model_path), sess_options=opts,
-                                             providers=["CPUExecutionProvider"])
+        self.model_path = Path(model_path or pipecat_asset("audio", "turn", "smart_turn", "data",
+                                                           "smart-turn-v3.2-cpu.onnx"))
+        self._session = quiet_onnx_session(self.model_path, threads)
 
     def features(self, audio_16k: np.ndarray) -> np.ndarray:
         """(1, 80, 800) model input for the utterance audio (16 kHz float32 in [-1, 1])."""

@@ -26,7 +26,7 @@ class ModelChoice:
 
 
 def load_models(choice: ModelChoice | None = None) -> Models:
-    from agent.vad import SileroVAD, bundled_model_path
+    from asr.vad import SileroVAD
     from asr import load_recognizer
     from llm import load_chat_model
     from tts import load_synthesizer
@@ -36,11 +36,11 @@ def load_models(choice: ModelChoice | None = None) -> Models:
     asr = load_recognizer(choice.asr)
     llm = load_chat_model(choice.llm, n_threads=choice.llm_threads)
     tts = load_synthesizer(choice.tts)
-    vad_path = bundled_model_path()
+    vad = SileroVAD()
     eou = None
     if choice.eou:
         from agent.eou import SmartTurn
 
         eou = SmartTurn()
     log.info("models loaded in %.1f s: asr=%s llm=%s tts=%s", time.perf_counter() - t, choice.asr, choice.llm, tts.name)
-    return Models(asr=asr, llm=llm, tts=tts, vad_factory=lambda: SileroVAD(vad_path), eou=eou)
+    return Models(asr=asr, llm=llm, tts=tts, vad_factory=vad.new_stream, eou=eou)

@@ -12,7 +12,6 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -25,7 +24,7 @@ from agent.turns import (
     BargeIn, EndOfTurn, ResumeReply, SpeechPaused, SpeechResumed, StartUtterance, State, TurnConfig, TurnMachine)
 from asr.base import Hypothesis, StreamingRecognizer
 from llm.base import ChatModel, Message
-from transport.audio import StreamResampler, float_to_int16
+from transport.audio import StreamResampler
 from transport.base import AudioIn, AudioOut, ClientEvent, Played, Transport
 from tts.base import AudioChunk, Synthesizer
 from tts.chunking import TextChunker

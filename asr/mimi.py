@@ -198,7 +198,6 @@ class MimiStreamingEncoder(nn.Module):
     # ---- weights -------------------------------------------------------------------------
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         """Load from a transformers `MimiModel` state dict (keys without the `codec_model.` prefix)."""
-        own: dict[str, torch.Tensor] = {}
         convs = [m for m in self.seanet.modules() if isinstance(m, _StreamConv)]
         hf_names = _hf_seanet_conv_names(self.spec)
         if len(convs) != len(hf_names):

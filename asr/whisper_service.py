@@ -27,20 +27,19 @@ queue (a stream whose client does not read is not processed) and the pending mar
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import soxr
 
 from asr.moshi_protocol import EndWord, Error, MarkerReply, ServerMessage, Step, Word
 from asr.scheduler import NoFreeSlot, SessionClosed
+from asr.vad import SileroVAD
 from asr.whisper import SAMPLE_RATE as WHISPER_RATE
 from asr.whisper import WhisperRecognizer, WhisperStream
 
@@ -51,58 +50,9 @@ VAD_WINDOW = 512  # Silero's window at 16 kHz (32 ms)
 
 # A VAD stream: fed 16 kHz float32 samples, returns one speech probability per completed
 # 512-sample window (the i-th value scores stream samples [512 i, 512 (i + 1))). This is the
-# interface of agent.vad.SileroVAD.__call__, so the agent can inject its own.
+# interface of asr.vad.SileroStream, the default.
 VadStream = Callable[[np.ndarray], Sequence[float]]
 VadFactory = Callable[[], VadStream]
-
-
-# ---- Silero VAD (ONNX), found the way agent/vad.py finds it, without importing agent ------------
-def silero_model_path() -> Path:
-    """pipecat-ai's bundled silero_vad.onnx, located without importing pipecat."""
-    spec = importlib.util.find_spec("pipecat")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("pipecat-ai is not installed; it ships the Silero VAD model (or pass vad_factory)")
-    return Path(list(spec.submodule_search_locations)[0]) / "audio" / "vad" / "data" / "silero_vad.onnx"
-
-
-class SileroOnnx:
-    """One ONNX session (thread-safe `run`) shared by all streams; `new_stream()` is a VadFactory."""
-
-    CONTEXT = 64
-
-    def __init__(self, model_path: str | Path | None = None):
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.inter_op_num_threads = 1
-        opts.intra_op_num_threads = 1
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(model_path or silero_model_path()), sess_options=opts,
-                                            providers=["CPUExecutionProvider"])
-
-    def new_stream(self) -> "_SileroStream":
-        return _SileroStream(self)
-
-
-class _SileroStream:
-    def __init__(self, model: SileroOnnx):
-        self._run = model.session.run
-        self._state = np.zeros((2, 1, 128), np.float32)
-        self._context = np.zeros((1, SileroOnnx.CONTEXT), np.float32)
-        self._pending = np.zeros(0, np.float32)  # < 512 samples
-        self._sr = np.array(WHISPER_RATE, dtype=np.int64)
-
-    def __call__(self, pcm: np.ndarray) -> list[float]:
-        buf = np.concatenate([self._pending, np.asarray(pcm, np.float32).reshape(-1)])
-        n = buf.size // VAD_WINDOW
-        probs = []
-        for i in range(n):
-            x = np.concatenate([self._context, buf[i * VAD_WINDOW:(i + 1) * VAD_WINDOW].reshape(1, -1)], axis=1)
-            out, self._state = self._run(None, {"input": x, "state": self._state, "sr": self._sr})
-            self._context = x[:, -SileroOnnx.CONTEXT:]
-            probs.append(float(out[0, 0]))
-        self._pending = buf[n * VAD_WINDOW:].copy()
-        return probs
 
 
 # ---- configuration -------------------------------------------------------------------------------
@@ -392,7 +342,7 @@ class WhisperService:
 
     async def start(self) -> None:
         if self._vad_factory is None:
-            self._vad_factory = SileroOnnx().new_stream
+            self._vad_factory = SileroVAD().new_stream
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep(), name="asr-whisper-sweeper")
 

@@ -1,5 +1,4 @@
 """The default recognizer, streamed in 20 ms pushes, over the real recordings in shared/speech/dev."""
-import numpy as np
 import pytest
 import soundfile as sf
 

@@ -9,7 +9,6 @@ import sys
 
 import msgpack
 import numpy as np
-import torch
 import websockets
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -10,6 +10,8 @@ import torch
 
 from asr.kyutai import engine_from_hf, tiny_hf_model
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 FRAME = 1920
 WINDOW = 8
 HOUR_STEPS = 45_000
@@ -18,15 +20,6 @@ HOUR_STEPS = 45_000
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread is faster and immune to a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _windowed_reference(hf, texts, codes, first_pos: int):

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import msgpack
 import numpy as np
 import pytest
-import torch
 import websockets
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,6 +29,9 @@ from asr.moshi_protocol import (
     encode_client,
     encode_server,
 )
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 KEY = {"kyutai-api-key": "public_token"}
 
@@ -137,12 +138,6 @@ def test_server_messages_have_moshi_shape(msg, buffered):
 
 
 # ---- over the wire -------------------------------------------------------------------------
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 async def test_server_answers_bad_input_with_error_and_keeps_serving():

@@ -9,17 +9,10 @@ import torch
 from asr.kyutai import engine_from_hf, tiny_hf_model
 from asr.mimi import MimiSpec, MimiStreamingEncoder
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 WINDOW = 8
 FRAME = 1920
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread is faster and immune to a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import contextlib
 import msgpack
 import numpy as np
 import pytest
-import torch
 import websockets
 
 from asr.kyutai import tiny_random
@@ -16,16 +15,10 @@ from asr.moshi_protocol import decode_server
 from asr.scheduler import EngineScheduler, SchedulerConfig
 from asr.server import PATH, AsrServer
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 FRAME = 1920
 KEY = {"kyutai-api-key": "public_token"}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @contextlib.asynccontextmanager

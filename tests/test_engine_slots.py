@@ -10,17 +10,10 @@ from asr.engine import StreamingEngine
 from asr.kyutai import engine_from_hf, tiny_hf_model
 from asr.mimi import _StreamConv
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 WINDOW = 8
 FRAME = 1920
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread is faster and immune to a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from agent.trace import Event, Tracer
+from agent.trace import Tracer
 from agent.trace_export import load_events, read_jsonl, read_meta, write_jsonl
 from agent.trace_report import simulate_turns
 

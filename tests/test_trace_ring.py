@@ -1,6 +1,5 @@
 """Tracer core: bounded ring, spill, spans, disabled tracer, clock offset."""
 import gc
-import json
 import tracemalloc
 
 import pytest

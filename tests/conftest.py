@@ -1,0 +1,12 @@
+import pytest
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny tensors: one thread is faster and immune to a busy machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
