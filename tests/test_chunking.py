@@ -26,3 +26,12 @@ def test_long_text_without_punctuation_is_cut():
     chunks, rest = feed(words)
     assert chunks and all(len(c.split()) <= 31 for c in chunks)
     assert " ".join(chunks + rest).split() == words.split()
+
+
+def test_a_long_first_sentence_is_cut_early_and_later_ones_are_not():
+    text = ("A brave little dragon was living in a terrifying and dangerous cave near the old village "
+            "and it was very happy there with all of its many friends and family members for years.")
+    chunks, rest = feed(text)
+    assert len(chunks[0].split()) == 7  # spoken before the sentence is complete
+    assert all(len(c.split()) > 7 for c in chunks[1:] + rest)
+    assert " ".join(chunks + rest) == text

@@ -12,11 +12,15 @@ class TextChunker:
     """Feed tokens with `push`; receive chunks as soon as a boundary is certain.
 
     The first chunk of an answer may end at a clause boundary once it has `first_clause_words`
-    words, so speech starts early; later chunks break at clauses only past `clause_words` words.
+    words, or at any word boundary past `first_max_words` words, so speech starts early (a long
+    first sentence would otherwise hold the first audio back by its whole length); later chunks
+    break at clauses only past `clause_words` words, and anywhere past `max_words`.
     """
 
-    def __init__(self, first_clause_words: int = 4, clause_words: int = 12, max_words: int = 30):
+    def __init__(self, first_clause_words: int = 4, first_max_words: int = 7, clause_words: int = 12,
+                 max_words: int = 30):
         self.first_clause_words = first_clause_words
+        self.first_max_words = first_max_words
         self.clause_words = clause_words
         self.max_words = max_words
         self._buf = ""
@@ -49,7 +53,8 @@ class TextChunker:
             for m in _CLAUSE_END.finditer(buf):
                 if len(buf[:m.end(1)].split()) >= limit:
                     return self._take(m.end())
-        if words > self.max_words:  # no punctuation at all: cut at the last space
+        if words > (self.first_max_words if self._emitted == 0 else self.max_words):
+            # no boundary yet: cut at the last space (the word after it may still be growing)
             cut = buf.rstrip().rfind(" ")
             if cut > 0:
                 return self._take(cut + 1)
