@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -203,6 +204,10 @@ class Session:
         self._utterance_active = False
         self._utt_t0 = 0.0  # stream time of the first sample in the recognizer's buffer
         self._asr_q: asyncio.Queue = asyncio.Queue(maxsize=self.config.asr_queue)
+        # ops raised by the recognizer loop itself (it must never wait on its own full queue);
+        # at most a few per turn
+        self._asr_own_ops: deque = deque(maxlen=16)
+        self._asr_task: asyncio.Task | None = None
         self._reply_task: asyncio.Task | None = None
         self._reply_rec: TurnRecord | None = None
         self._playout: Playout | None = None
@@ -224,7 +229,7 @@ class Session:
 
     # ---- main loop --------------------------------------------------------------------------
     async def run(self) -> None:
-        asr_task = asyncio.create_task(self._asr_loop(), name="asr")
+        asr_task = self._asr_task = asyncio.create_task(self._asr_loop(), name="asr")
         try:
             await self._send_state()
             while True:
@@ -273,6 +278,12 @@ class Session:
             await self._asr_q.put(("audio", x))
         await self._run_commands(commands)
 
+    async def _asr_put(self, op: tuple) -> None:
+        if asyncio.current_task() is self._asr_task:
+            self._asr_own_ops.append(op)
+        else:
+            await self._asr_q.put(op)
+
     async def _run_commands(self, commands) -> None:
         for cmd in commands:
             await self._on_command(cmd)
@@ -289,7 +300,7 @@ class Session:
             self._spec_this_turn = 0
             preroll = self._recent.last(int(self.config.turns.preroll_s * ASR_RATE) + int((self._t_audio - cmd.t_start) * ASR_RATE))
             self._utt_t0 = self._t_audio - preroll.size / ASR_RATE
-            await self._asr_q.put(("start", (preroll, self._utt_t0)))
+            await self._asr_put(("start", (preroll, self._utt_t0)))
             await self._send_state()
         elif isinstance(cmd, SpeechPaused):
             self.tracer.instant("turn", "pause", turn=turn)
@@ -298,7 +309,7 @@ class Session:
             # anyway); only concurrent mode also speculates on it with the LLM and TTS
             if self._spec_this_turn < self.config.max_speculations_per_turn:
                 self._spec_this_turn += 1
-                await self._asr_q.put(("pause_decode", cmd.t_speech_end))
+                await self._asr_put(("pause_decode", cmd.t_speech_end))
             await self._send_state()
         elif isinstance(cmd, SpeechResumed):
             self.tracer.instant("turn", "speech_resumed", turn=turn)
@@ -310,13 +321,13 @@ class Session:
             self.records.append(rec)
             self.tracer.instant("turn", "user_speech_end", turn=rec.index, ts_ns=_ns(rec.speech_end))
             self.tracer.instant("turn", "endpoint", turn=rec.index, ts_ns=_ns(now))
-            await self._asr_q.put(("final", (rec, cmd.t_speech_end)))
+            await self._asr_put(("final", (rec, cmd.t_speech_end)))
             await self._send({"type": "endpoint", "turn": rec.index, "speech_end_ms": rec.speech_end * 1000,
                               "speech_end_stream_s": round(cmd.t_speech_end, 3)})
             await self._send_state()
         elif isinstance(cmd, ResumeReply):
             self._utterance_active = False
-            await self._asr_q.put(("abort", None))
+            await self._asr_put(("abort", None))
             await self._resume()
             await self._send_state()
 
@@ -360,7 +371,7 @@ class Session:
     async def _asr_loop(self) -> None:
         last_partial = ""
         while True:
-            op, arg = await self._asr_q.get()
+            op, arg = self._asr_own_ops.popleft() if self._asr_own_ops else await self._asr_q.get()
             if op == "start":
                 audio, t0 = arg
                 self._asr.reset(t0)

@@ -1,0 +1,74 @@
+"""A hum over the bot interrupts it; the recognizer finds no words in it, so the bot resumes from
+the interrupted clause. Real ASR, LLM and TTS. The VAD here is a plain energy detector, the kind
+that fires on noise: Silero rarely takes a hum for speech, and that false positive is the case
+under test."""
+import asyncio
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from helpers import say, silence
+
+pytestmark = pytest.mark.models
+
+
+def hum(seconds: float, f0: float = 100.0) -> np.ndarray:
+    t = np.arange(int(seconds * 16000)) / 16000
+    phase = 2 * np.pi * np.cumsum(f0 + 10 * np.sin(2 * np.pi * 5 * t)) / 16000
+    return (0.3 * sum(np.sin(k * phase) / k for k in range(1, 12))).astype(np.float32)
+
+
+class EnergyVAD:
+    """A frame is speech when its RMS exceeds a threshold (same interface as asr.vad.SileroStream)."""
+
+    def __init__(self, threshold: float = 0.02):
+        self.threshold = threshold
+        self._pending = np.zeros(0, dtype=np.float32)
+
+    def __call__(self, pcm):
+        buf = np.concatenate([self._pending, pcm])
+        n = buf.size // 512
+        frames = buf[:n * 512].reshape(n, 512)
+        self._pending = buf[n * 512:]
+        return [1.0 if np.sqrt(np.mean(f ** 2)) > self.threshold else 0.0 for f in frames]
+
+
+def test_noise_interrupts_then_the_bot_resumes(tmp_path):
+    from agent.models import load_models
+    from agent.session import Session, SessionConfig
+    from agent.trace import Tracer
+    from transport.wavfile import ScriptedTurn, WavConversationTransport
+
+    story = np.concatenate([silence(0.4), say("Please tell me a long story about a brave little dragon.",
+                                               tmp_path / "s.wav"), silence(0.2)])
+    turns = [ScriptedTurn(story, 16000, "story"), ScriptedTurn(hum(1.5), 16000, "hum", start_after_s=2.8)]
+    models = load_models()
+    models.vad_factory = EnergyVAD
+    config = SessionConfig(max_tokens=120, system_prompt=(
+        "You are a storyteller. Answer every request with a long, detailed story of at least ten sentences."))
+    transport = WavConversationTransport(turns, models.tts.sample_rate, str(tmp_path / "bot.wav"),
+                                         reply_timeout_s=40)
+    tracer = Tracer("t")
+    session = Session(models, transport, config, tracer=tracer)
+    asyncio.run(session.run())
+    transport.close()
+
+    names = [(e.stage, e.name) for e in tracer.events()]
+    assert ("turn", "barge_in") in names, "the hum did not interrupt the bot"
+    assert ("turn", "resume") in names, "the bot did not resume after a wordless interruption"
+    first = session.records[0]
+    assert first.interrupted and first.heard_text
+    resume = next(e for e in tracer.events() if e.name == "resume")
+    rest = resume.args["text"]
+    assert rest and rest in first.reply_text, "the resumed text is not the rest of the reply"
+    # the history holds the exchange once: what was heard before the cut clause, then the rest
+    assistant = [m["content"] for m in session.history if m["role"] == "assistant"]
+    assert len(assistant) == 1 and assistant[0].endswith(rest.strip())
+    user = [m["content"] for m in session.history if m["role"] == "user"]
+    assert user == [first.user_text]
+    # and the bot was heard again after the flush
+    clear_t = next(e["t"] for e in transport.events_log if e["type"] == "clear")
+    audio, rate = sf.read(tmp_path / "bot.wav", dtype="float32")
+    after = audio[int((clear_t + 1.0) * rate):]
+    assert np.sqrt(np.mean(after ** 2)) > 0.01, "no audio after the resume"
