@@ -38,14 +38,15 @@ END_THRESHOLD = 0.01  # of full scale
 END_SMOOTH_S = 0.005  # centered moving-average window of |x| before thresholding
 LAG_TICK_S = 0.010
 
-# Things people ask a voice assistant. Spoken by flite (voice slt) at run time.
+# Things people ask a voice assistant, short facts and requests that take a few sentences.
+# Spoken by flite (voice slt) at run time.
 QUESTIONS = [
     "What is the capital of France?",
     "How many legs does a spider have?",
-    "Can you tell me a short joke?",
-    "What is the boiling point of water?",
-    "How far away is the moon?",
-    "Set a timer for ten minutes.",
+    "Can you explain how a rainbow forms?",
+    "Tell me a short story about a cat.",
+    "What are some tips for sleeping better?",
+    "Why is the sky blue?",
     "What should I cook for dinner tonight?",
 ]
 # Real recordings from ../shared/speech/dev, single utterances with no long internal pause.

@@ -43,6 +43,8 @@ class SessionConfig:
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     mode: str = "concurrent"  # "concurrent" | "waterfall"
     turns: TurnConfig = field(default_factory=TurnConfig)
+    # context kept for the LLM; when it overflows, it is cut back to half in one go, so the LLM's
+    # cached prompt prefix stays valid for several turns instead of shifting every turn
     max_history_messages: int = 16
     max_tokens: int = 80
     playout_lead_s: float = 0.4  # audio sent ahead of real time; bounds the far end's buffer
@@ -514,7 +516,11 @@ class Session:
         self.history.append({"role": "user", "content": user})
         if assistant:
             self.history.append({"role": "assistant", "content": assistant})
-        del self.history[:-self.config.max_history_messages]
+        if len(self.history) > self.config.max_history_messages:
+            keep = self.config.max_history_messages // 2
+            del self.history[:len(self.history) - keep]
+            if self.history and self.history[0]["role"] == "assistant":
+                del self.history[0]  # never start the context with an answer
 
     # ---- reply ------------------------------------------------------------------------------
     async def _reply(self, rec: TurnRecord, user_text: str, gate: asyncio.Event | None = None,
