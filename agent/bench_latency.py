@@ -228,8 +228,15 @@ def match_turns(script: list[ScriptLine], starts: list[float], t0: float, record
 
 # ---- one mode -------------------------------------------------------------------------------
 async def run_mode(models, script: list[ScriptLine], mode: str, args, out_wav: Path) -> dict:
+    """`mode` is a session mode, optionally with "+trace" to record a full trace meanwhile
+    (for measuring what tracing costs end to end)."""
     from agent.session import Session, SessionConfig
+    from agent.trace import Tracer
     from transport.wavfile import ScriptedTurn, WavConversationTransport
+
+    label = mode
+    mode, _, extra = mode.partition("+")
+    tracer = Tracer(f"bench-{label}", capacity=1 << 18) if extra == "trace" else None
 
     turns = [ScriptedTurn(line.pcm, ASR_RATE, line.name) for line in script]
     transport = WavConversationTransport(turns, models.tts.sample_rate, str(out_wav), gap_s=args.gap,
@@ -237,7 +244,7 @@ async def run_mode(models, script: list[ScriptLine], mode: str, args, out_wav: P
     cfg = SessionConfig(mode=mode, max_tokens=args.max_tokens)
     if args.system_prompt:
         cfg.system_prompt = args.system_prompt
-    session = Session(models, transport, cfg, session_id=f"bench-{mode}")
+    session = Session(models, transport, cfg, tracer=tracer, session_id=f"bench-{label}")
     monitor = LoopLagMonitor()
     lag_task = asyncio.create_task(monitor.run(), name="loop-lag")
     t = time.perf_counter()
@@ -252,7 +259,7 @@ async def run_mode(models, script: list[ScriptLine], mode: str, args, out_wav: P
     rows = match_turns(script, list(transport.input_start_times), transport.t0, session.records)
     v2v = [r["voice_to_voice_ms"] for r in rows if r["voice_to_voice_ms"] is not None]
     return {
-        "mode": mode, "turns": rows, "replied": len(v2v), "inputs": len(rows),
+        "mode": label, "traced_events": tracer.total if tracer is not None else 0, "turns": rows, "replied": len(v2v), "inputs": len(rows),
         "session_records": len(session.records), "wall_s": round(wall_s, 1),
         "voice_to_voice_p50_ms": _pct(v2v, 50), "voice_to_voice_p90_ms": _pct(v2v, 90),
         "stages_mean_ms": {k: _mean([r.get(k) for r in rows]) for k in (*STAGES, "vad_end_error_ms")},
@@ -324,7 +331,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--turns", type=int, default=None,
                    help=f"use only the first N user turns (default all {len(QUESTIONS) + len(DEV_CLIPS)})")
     p.add_argument("--dev-dir", type=Path, default=None, help="directory of the dev clips (default ../shared/speech/dev)")
-    p.add_argument("--modes", default="concurrent,waterfall", help="comma-separated, run in this order")
+    p.add_argument("--modes", default="concurrent,waterfall",
+                   help="comma-separated, run in this order; MODE+trace also records a full trace (its cost)")
     p.add_argument("--gap", type=float, default=1.0, help="silence after a reply before the next input (s)")
     p.add_argument("--reply-timeout", type=float, default=30.0)
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up call to each model")
@@ -334,8 +342,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.turns is not None and args.turns < 1:
         p.error("--turns must be at least 1")
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not args.modes or any(m not in ("concurrent", "waterfall") for m in args.modes):
-        p.error("--modes takes concurrent and/or waterfall")
+    if not args.modes or any(m.removesuffix("+trace") not in ("concurrent", "waterfall") for m in args.modes):
+        p.error("--modes takes concurrent and/or waterfall, each optionally with +trace")
     return args
 
 
@@ -370,6 +378,12 @@ def main(argv: list[str] | None = None) -> int:
         print("\nvoice-to-voice p50: " + ", ".join(f"{m} {_fmt(r['voice_to_voice_p50_ms'], 0)} ms"
                                                 for m, r in results.items())
               + f"; ratio concurrent/waterfall = {ratio if ratio is not None else 'n/a'}")
+        for m, r in results.items():
+            plain = results.get(m.removesuffix("+trace"))
+            if m.endswith("+trace") and plain and plain["voice_to_voice_p50_ms"] and r["voice_to_voice_p50_ms"]:
+                print(f"tracing cost: {m} p50 {r['voice_to_voice_p50_ms']:.0f} ms vs untraced "
+                      f"{plain['voice_to_voice_p50_ms']:.0f} ms ({r['voice_to_voice_p50_ms'] - plain['voice_to_voice_p50_ms']:+.0f} ms), "
+                      f"{r['traced_events']} events recorded")
         report = {
             "config": {"asr": args.asr, "llm": args.llm, "tts": models.tts.name, "max_tokens": args.max_tokens,
                        "gap_s": args.gap, "turns": len(script), "cpus": os.cpu_count(),
