@@ -53,10 +53,16 @@ def conversation_wav(tmp_path_factory) -> tuple[Path, dict]:
 
 
 @pytest.fixture(scope="module")
-def server():
+def trace_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("traces")
+
+
+@pytest.fixture(scope="module")
+def server(trace_dir):
     port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), "--llm", "smollm2-135m"]
+    cmd = [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), "--llm", "smollm2-135m",
+           "--trace-dir", str(trace_dir)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_http(f"http://127.0.0.1:{port}/", proc)
@@ -72,7 +78,7 @@ def server():
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (scripts/setup.sh installs it)")
-def test_browser_conversation(server, conversation_wav):
+def test_browser_conversation(server, conversation_wav, trace_dir):
     from playwright.sync_api import sync_playwright
 
     wav, marks = conversation_wav
@@ -129,3 +135,20 @@ def test_browser_conversation(server, conversation_wav):
     assert 0 in heard and 0 in server, (heard, server)
     assert heard[0] >= server[0], f"mouth-to-ear {heard[0]:.0f} ms < server voice-to-voice {server[0]:.0f} ms"
     assert any(e["type"] == "pong" for e in log), "no clock-offset probe answered"
+
+    # the server's trace of that session holds the page's playout marks (on the server clock,
+    # from the ping/pong offset) and the page's mouth-to-ear figures
+    from agent.trace_export import load_events
+
+    deadline = time.time() + 20
+    while not list(trace_dir.glob("*.trace.json")) and time.time() < deadline:
+        time.sleep(0.2)
+    traces = list(trace_dir.glob("*.trace.json"))
+    assert traces, "the session's trace was not written when the page went away"
+    events = load_events(str(traces[0]))
+    playout = [e for e in events if e.stage == "client" and e.name == "playout_start"]
+    sends = [e for e in events if e.stage == "transport" and e.name == "send_audio"]
+    assert playout and sends
+    assert min(e.ts_ns for e in playout) >= min(e.ts_ns for e in sends) - 50_000_000
+    m2e = [e for e in events if e.stage == "client" and e.name == "mouth_to_ear"]
+    assert m2e and m2e[0].args["ms"] == pytest.approx(heard[m2e[0].turn], abs=0.5)

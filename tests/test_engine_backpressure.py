@@ -9,10 +9,13 @@ import sys
 
 import msgpack
 import numpy as np
+import pytest
 import websockets
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_engine_server import KEY, one_thread, recv, running_server  # noqa: E402,F401
+from test_engine_server import KEY, recv, running_server  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SECOND = 24000
 
