@@ -406,7 +406,7 @@ class Session:
                 rec, t_end = arg
                 n = self._samples_until(t_end)
                 hyp: Hypothesis = await asyncio.to_thread(self._traced, "asr", "final_decode",
-                                                          lambda: self._asr.finalize(n))
+                                                          lambda: self._asr.finalize(n), rec.index)
                 rec.asr_final = time.perf_counter()
                 rec.user_text = hyp.text
                 self.tracer.instant("asr", "final", turn=rec.index, text=hyp.text)
@@ -414,9 +414,11 @@ class Session:
                                   "words": [[w.text, round(w.start, 3), round(w.end, 3)] for w in hyp.words]})
                 await self._on_final(rec)
 
-    def _traced(self, stage: str, name: str, fn):
-        """Run a blocking model call (in a worker thread) inside a trace span."""
-        with self.tracer.span(stage, name, turn=len(self.records)), profile_region(f"{stage}.{name}"):
+    def _traced(self, stage: str, name: str, fn, turn: int | None = None):
+        """Run a blocking model call (in a worker thread) inside a trace span. The turn defaults
+        to the one being spoken (the next record)."""
+        turn = len(self.records) if turn is None else turn
+        with self.tracer.span(stage, name, turn=turn), profile_region(f"{stage}.{name}"):
             return fn()
 
     # ---- turns end: commit, restart or resume ------------------------------------------------

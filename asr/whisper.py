@@ -18,6 +18,7 @@ from asr.base import Hypothesis, Word
 
 SAMPLE_RATE = 16000
 EMBEDDED = {"whisper-tiny.en", "tiny.en"}
+MAX_COMPRESSION_RATIO = 2.4  # Whisper's threshold for a repetitive (hallucinated) hypothesis
 
 
 def embedded_model_path() -> Path:
@@ -64,12 +65,17 @@ class WhisperRecognizer:
         if audio.size < SAMPLE_RATE // 10:
             return "", ()
         with self._lock:
+            # One greedy pass with a token budget that follows the audio's length: Whisper's
+            # temperature fallback re-decodes up to six times, and on noise it can loop to 448
+            # tokens (seconds of CPU); nobody says more than ~12 tokens a second.
             segments, _ = self.model.transcribe(
                 audio, language=self.options.language, beam_size=self.options.beam_size,
-                word_timestamps=word_timestamps, vad_filter=False,
+                word_timestamps=word_timestamps, vad_filter=False, temperature=0.0,
+                max_new_tokens=min(440, int(16 + 12 * audio.size / SAMPLE_RATE)),
                 condition_on_previous_text=False, without_timestamps=not word_timestamps,
             )
-            segments = list(segments)
+            # without the fallback, a looping hypothesis is dropped, as Whisper's own rule would
+            segments = [s for s in segments if s.compression_ratio <= MAX_COMPRESSION_RATIO]
         text = " ".join(s.text.strip() for s in segments).strip()
         words: list[Word] = []
         if word_timestamps:

@@ -1,7 +1,7 @@
-"""A hum over the bot interrupts it; the recognizer finds no words in it, so the bot resumes from
-the interrupted clause. Real ASR, LLM and TTS. The VAD here is a plain energy detector, the kind
-that fires on noise: Silero rarely takes a hum for speech, and that false positive is the case
-under test."""
+"""A rumble over the bot (a bump on the microphone) interrupts it; the recognizer finds no words in
+it, so the bot resumes from the interrupted clause. Real ASR, LLM and TTS. The VAD here is a plain
+energy detector, the kind that fires on noise: Silero rarely takes such noise for speech, and that
+false positive is the case under test."""
 import asyncio
 
 import numpy as np
@@ -13,10 +13,10 @@ from helpers import say, silence
 pytestmark = pytest.mark.models
 
 
-def hum(seconds: float, f0: float = 100.0) -> np.ndarray:
-    t = np.arange(int(seconds * 16000)) / 16000
-    phase = 2 * np.pi * np.cumsum(f0 + 10 * np.sin(2 * np.pi * 5 * t)) / 16000
-    return (0.3 * sum(np.sin(k * phase) / k for k in range(1, 12))).astype(np.float32)
+def rumble(seconds: float) -> np.ndarray:
+    """Brown noise: low-frequency rumble that Whisper transcribes as nothing."""
+    x = np.cumsum(np.random.default_rng(0).standard_normal(int(seconds * 16000))) / 300
+    return (x - x.mean()).astype(np.float32)
 
 
 class EnergyVAD:
@@ -42,7 +42,7 @@ def test_noise_interrupts_then_the_bot_resumes(tmp_path):
 
     story = np.concatenate([silence(0.4), say("Please tell me a long story about a brave little dragon.",
                                                tmp_path / "s.wav"), silence(0.2)])
-    turns = [ScriptedTurn(story, 16000, "story"), ScriptedTurn(hum(1.5), 16000, "hum", start_after_s=2.8)]
+    turns = [ScriptedTurn(story, 16000, "story"), ScriptedTurn(rumble(1.5), 16000, "rumble", start_after_s=2.8)]
     models = load_models()
     models.vad_factory = EnergyVAD
     config = SessionConfig(max_tokens=120, system_prompt=(
@@ -55,7 +55,7 @@ def test_noise_interrupts_then_the_bot_resumes(tmp_path):
     transport.close()
 
     names = [(e.stage, e.name) for e in tracer.events()]
-    assert ("turn", "barge_in") in names, "the hum did not interrupt the bot"
+    assert ("turn", "barge_in") in names, "the rumble did not interrupt the bot"
     assert ("turn", "resume") in names, "the bot did not resume after a wordless interruption"
     first = session.records[0]
     assert first.interrupted and first.heard_text

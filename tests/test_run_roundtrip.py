@@ -17,18 +17,19 @@ pytestmark = pytest.mark.models
 def test_duplex_run_reply_wav_matches_logged_text(tmp_path):
     q1 = say("What is the capital of France?", tmp_path / "q1.wav")
     q2 = say("How many legs does a spider have?", tmp_path / "q2.wav")
-    for name, q in (("q1", q1), ("q2", q2)):
+    q3 = say("Can you explain how a rainbow forms?", tmp_path / "q3.wav")  # a longer reply: a steadier WER
+    for name, q in (("q1", q1), ("q2", q2), ("q3", q3)):
         sf.write(tmp_path / f"{name}.wav", np.concatenate([silence(0.5), q, silence(0.3)]), 16000, subtype="PCM_16")
     out, log, trace = tmp_path / "reply.wav", tmp_path / "turns.jsonl", tmp_path / "run.trace.json"
     proc = subprocess.run(
         [sys.executable, "-m", "agent.cli", "run", "--input", str(tmp_path / "q1.wav"),
-         "--input", str(tmp_path / "q2.wav"), "--output", str(out), "--log", str(log), "--llm", "smollm2-135m",
+         "--input", str(tmp_path / "q2.wav"), "--input", str(tmp_path / "q3.wav"), "--output", str(out), "--log", str(log), "--llm", "smollm2-135m",
          "--trace", str(trace)],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     turns = [r for r in rows if "turn" in r]
-    assert len(turns) == 2
+    assert len(turns) == 3
     assert "capital" in turns[0]["user"].lower() and "spider" in turns[1]["user"].lower()
     assert all(t["reply"].strip() and t["voice_to_voice_ms"] > 0 for t in turns)
 
@@ -64,16 +65,26 @@ def check_trace(trace, turns, tmp_path):
     doc = json.loads(trace.read_text())
     assert validate_perfetto(doc) == []
     events = load_events(str(trace))
-    order = [("turn", "user_speech_end"), ("turn", "endpoint"), ("asr", "final"), ("llm", "request"),
-             ("llm", "first_token"), ("tts", "first_chunk"), ("transport", "send_audio"), ("client", "playout_start")]
+    # causal chains: the reply's audio goes out only after the turn is confirmed; a speculative
+    # reply may start its LLM before the endpoint, but never before its own speculation started
+    confirmed = [("turn", "user_speech_end"), ("turn", "endpoint"), ("asr", "final"), ("transport", "send_audio"),
+                 ("client", "playout_start")]
+    reply = [("llm", "request"), ("llm", "first_token"), ("tts", "first_chunk"), ("transport", "send_audio")]
     for i in range(len(turns)):
         mine = [e for e in events if e.turn == i]
-        times = []
-        for stage, name in order:
+        first = {}
+        for stage, name in set(confirmed + reply + [("speculation", "start"), ("speculation", "commit")]):
             hits = [e.ts_ns for e in mine if e.stage == stage and e.name == name]
-            assert hits, f"turn {i}: no {stage}.{name} in the trace"
-            times.append(min(hits))
-        assert times == sorted(times), f"turn {i}: stages out of causal order: {list(zip(order, times))}"
+            if hits:
+                first[(stage, name)] = min(hits)
+        speculative = ("speculation", "commit") in first
+        assert speculative == bool(turns[i]["speculative"])
+        chains = [confirmed, ([("speculation", "start")] if speculative else [("asr", "final")]) + reply]
+        for chain in chains:
+            missing = [k for k in chain if k not in first]
+            assert not missing, f"turn {i}: {missing} not in the trace"
+            times = [first[k] for k in chain]
+            assert times == sorted(times), f"turn {i}: out of causal order: {list(zip(chain, times))}"
         assert any(e.stage == "asr" and e.name == "final_decode" and e.dur_ns for e in mine)
         assert any(e.stage == "llm" and e.name == "generate" and e.dur_ns for e in mine)
     assert any(e.stage == "memory" for e in events), "no memory counter track"

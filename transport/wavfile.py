@@ -38,8 +38,9 @@ def load_turn(path: str, start_after_s: float | None = None) -> ScriptedTurn:
 @dataclass
 class _Scheduled:
     chunk_id: int
-    start: float  # seconds on the output timeline
+    start: int  # sample on the output timeline
     pcm: np.ndarray
+    played: int = 0  # samples already played
 
 
 class WavConversationTransport:
@@ -58,7 +59,7 @@ class WavConversationTransport:
         # the played timeline (what a listener heard), streamed to disk as it is played
         self._sink = sf.SoundFile(output_path, "w", samplerate=output_sample_rate, channels=1, subtype="PCM_16")
         self._out_len = 0  # samples written to the timeline so far
-        self._last_audio_end = 0.0  # timeline seconds at which queued reply audio runs out
+        self._audio_end = 0  # output sample at which queued reply audio runs out
         self._got_audio_this_turn = False
         self.input_end_times: list[float] = []  # timeline seconds at which each input file ended
         self.input_start_times: list[float] = []
@@ -78,28 +79,26 @@ class WavConversationTransport:
         return self._frames_sent * FRAME_S
 
     def _advance_playout(self, until: float) -> None:
-        """Move the far-end player forward to timeline second `until`."""
-        rate = self.output_sample_rate
-        target = int(round(until * rate))
+        """Move the far-end player forward to timeline second `until` (all in whole samples)."""
+        target = int(round(until * self.output_sample_rate))
         while self._out_len < target:
-            if self._queued and self._queued[0].start * rate <= self._out_len:
-                item = self._queued[0]
-                start = int(round(item.start * rate))
-                offset = self._out_len - start
-                if offset == 0:
-                    self._events.append(Played(item.chunk_id, "start"))
-                    self.events_log.append({"type": "played", "id": item.chunk_id, "t": self._out_len / rate})
-                n = min(item.pcm.size - offset, target - self._out_len)
-                self._sink.write(item.pcm[offset:offset + n])
-                self._out_len += n
-                if offset + n >= item.pcm.size:
-                    self._queued.popleft()
-                    self._events.append(Played(item.chunk_id, "end"))
-            else:
-                nxt = int(round(self._queued[0].start * rate)) if self._queued else target
-                n = max(1, min(nxt, target) - self._out_len)
-                self._sink.write(np.zeros(n, dtype=np.int16))
-                self._out_len += n
+            item = self._queued[0] if self._queued else None
+            if item is None or item.start > self._out_len:  # silence up to the next chunk
+                stop = min(item.start if item else target, target)
+                self._sink.write(np.zeros(stop - self._out_len, dtype=np.int16))
+                self._out_len = stop
+                continue
+            if item.played == 0:
+                self._events.append(Played(item.chunk_id, "start"))
+                self.events_log.append({"type": "played", "id": item.chunk_id,
+                                        "t": self._out_len / self.output_sample_rate})
+            n = min(item.pcm.size - item.played, target - self._out_len)
+            self._sink.write(item.pcm[item.played:item.played + n])
+            item.played += n
+            self._out_len += n
+            if item.played >= item.pcm.size:
+                self._queued.popleft()
+                self._events.append(Played(item.chunk_id, "end"))
 
     # input -------------------------------------------------------------------------------
     def _frames(self):
@@ -128,7 +127,8 @@ class WavConversationTransport:
     def _wait_for_reply(self, silence):
         deadline = self.now() + self.reply_timeout_s
         while self.now() < deadline:
-            idle = self.now() - max(self._last_audio_end, self.input_end_times[-1] if self.input_end_times else 0)
+            audio_end = self._audio_end / self.output_sample_rate
+            idle = self.now() - max(audio_end, self.input_end_times[-1] if self.input_end_times else 0)
             if self._got_audio_this_turn and not self._queued and idle >= self.gap_s:
                 return
             yield silence
@@ -158,16 +158,16 @@ class WavConversationTransport:
         if chunk.sample_rate != self.output_sample_rate:
             rs = self._resamplers.setdefault(chunk.sample_rate, StreamResampler(chunk.sample_rate, self.output_sample_rate))
             pcm = float_to_int16(rs(pcm.astype(np.float32) / 32768.0))
-        start = max(self.now(), self._last_audio_end)
+        start = max(int(round(self.now() * self.output_sample_rate)), self._audio_end)
         self._queued.append(_Scheduled(chunk.chunk_id, start, pcm))
         self.events_log.append({"type": "audio", "id": chunk.chunk_id, "text": chunk.text, "t": self.now()})
-        self._last_audio_end = start + pcm.size / self.output_sample_rate
+        self._audio_end = start + pcm.size
         self._got_audio_this_turn = True
 
     async def clear(self) -> None:
         self._queued.clear()
         self._got_audio_this_turn = False
-        self._last_audio_end = self.now()
+        self._audio_end = self._out_len
         self.events_log.append({"type": "clear", "t": self.now()})
 
     async def send_event(self, event: dict) -> None:
@@ -176,5 +176,5 @@ class WavConversationTransport:
     def close(self) -> None:
         """Play out what is left and close the output file (the bot's channel, aligned with the input)."""
         if not self._sink.closed:
-            self._advance_playout(max(self.now(), self._last_audio_end))
+            self._advance_playout(max(self.now(), self._audio_end / self.output_sample_rate))
             self._sink.close()
