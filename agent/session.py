@@ -52,7 +52,7 @@ class SessionConfig:
     text_queue: int = 8  # LLM -> TTS chunks in flight
     asr_queue: int = 1024  # audio chunks waiting for the recognizer (~20 s of 20 ms frames)
     speculate: bool = True  # start ASR final + LLM + TTS at a pause, before the turn is confirmed
-    max_speculations_per_turn: int = 3
+    max_speculations_per_turn: int = 3  # pauses decoded (and speculated on) per user turn
     final_pad_s: float = 0.15  # audio after the end of speech given to the final decode
 
 
@@ -214,7 +214,7 @@ class Session:
         self._reply_rec: TurnRecord | None = None
         self._playout: Playout | None = None
         self._branch: Branch | None = None
-        self._spec_this_turn = 0
+        self._pause_decodes = 0
         self._eou_task: asyncio.Task | None = None
         # (turn, heard, heard before the cut clause, text from the cut clause on)
         self._resumable: tuple[TurnRecord, str, str, str] | None = None
@@ -299,8 +299,9 @@ class Session:
         elif isinstance(cmd, StartUtterance):
             self.tracer.instant("turn", "user_speech_start", turn=turn)
             self._utterance_active = True
-            self._spec_this_turn = 0
-            preroll = self._recent.last(int(self.config.turns.preroll_s * ASR_RATE) + int((self._t_audio - cmd.t_start) * ASR_RATE))
+            self._pause_decodes = 0
+            speech_so_far = int((self._t_audio - cmd.t_start) * ASR_RATE)
+            preroll = self._recent.last(int(self.config.turns.preroll_s * ASR_RATE) + speech_so_far)
             self._utt_t0 = self._t_audio - preroll.size / ASR_RATE
             await self._asr_put(("start", (preroll, self._utt_t0)))
             await self._send_state()
@@ -309,8 +310,8 @@ class Session:
             self._start_eou_check()
             # decode at the pause in both modes (a streaming recognizer would have this text
             # anyway); only concurrent mode also speculates on it with the LLM and TTS
-            if self._spec_this_turn < self.config.max_speculations_per_turn:
-                self._spec_this_turn += 1
+            if self._pause_decodes < self.config.max_speculations_per_turn:
+                self._pause_decodes += 1
                 await self._asr_put(("pause_decode", cmd.t_speech_end))
             await self._send_state()
         elif isinstance(cmd, SpeechResumed):

@@ -46,3 +46,20 @@ def resample(x: np.ndarray, in_rate: int, out_rate: int) -> np.ndarray:
     if in_rate == out_rate:
         return np.asarray(x, dtype=np.float32)
     return soxr.resample(np.asarray(x, dtype=np.float32), in_rate, out_rate, quality="HQ")
+
+
+class Int16RateAdapter:
+    """Brings int16 chunks from any source rate to one output rate, streaming, with one resampler
+    per source rate (a voice change mid-call keeps working)."""
+
+    def __init__(self, out_rate: int):
+        self.out_rate = out_rate
+        self._resamplers: dict[int, StreamResampler] = {}
+
+    def __call__(self, pcm: np.ndarray, rate: int) -> np.ndarray:
+        if rate == self.out_rate:
+            return pcm
+        rs = self._resamplers.get(rate)
+        if rs is None:
+            rs = self._resamplers[rate] = StreamResampler(rate, self.out_rate)
+        return float_to_int16(rs(int16_to_float(pcm)))

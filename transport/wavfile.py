@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import soundfile as sf
 
-from transport.audio import StreamResampler, float_to_int16
+from transport.audio import Int16RateAdapter
 from transport.base import AudioIn, AudioOut, InputEvent, Played
 
 FRAME_S = 0.02
@@ -65,7 +65,7 @@ class WavConversationTransport:
         self.input_start_times: list[float] = []
         # what the far end saw and played (bounded): sent audio with its text, play starts, clears
         self.events_log: deque[dict] = deque(maxlen=20000)
-        self._resamplers: dict[int, StreamResampler] = {}
+        self._to_output_rate = Int16RateAdapter(output_sample_rate)
         self._gen = self._frames()
 
     # timeline ----------------------------------------------------------------------------
@@ -154,10 +154,7 @@ class WavConversationTransport:
 
     # output ------------------------------------------------------------------------------
     async def send_audio(self, chunk: AudioOut) -> None:
-        pcm = chunk.pcm
-        if chunk.sample_rate != self.output_sample_rate:
-            rs = self._resamplers.setdefault(chunk.sample_rate, StreamResampler(chunk.sample_rate, self.output_sample_rate))
-            pcm = float_to_int16(rs(pcm.astype(np.float32) / 32768.0))
+        pcm = self._to_output_rate(chunk.pcm, chunk.sample_rate)
         start = max(int(round(self.now() * self.output_sample_rate)), self._audio_end)
         self._queued.append(_Scheduled(chunk.chunk_id, start, pcm))
         self.events_log.append({"type": "audio", "id": chunk.chunk_id, "text": chunk.text, "t": self.now()})

@@ -15,7 +15,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from transport.audio import StreamResampler, float_to_int16
+from transport.audio import Int16RateAdapter
 from transport.base import AudioIn, AudioOut, ClientEvent, InputEvent, Played
 from transport.web.protocol import (
     ClientAudio, ProtocolError, decode_client, encode_audio, encode_event, error_event)
@@ -38,7 +38,7 @@ class WebSocketTransport:
         self.ws = ws
         self.input_sample_rate = 16000
         self.output_sample_rate = output_sample_rate
-        self._resamplers: dict[int, StreamResampler] = {}
+        self._to_output_rate = Int16RateAdapter(output_sample_rate)
         self.errors = 0
 
     async def _send(self, message: str | bytes) -> None:
@@ -76,12 +76,7 @@ class WebSocketTransport:
                 return ClientEvent(kind, data)
 
     async def send_audio(self, chunk: AudioOut) -> None:
-        pcm = chunk.pcm
-        if chunk.sample_rate != self.output_sample_rate:
-            rs = self._resamplers.setdefault(
-                chunk.sample_rate, StreamResampler(chunk.sample_rate, self.output_sample_rate))
-            pcm = float_to_int16(rs(pcm.astype("float32") / 32768.0))
-        await self._send(encode_audio(chunk.chunk_id, pcm))
+        await self._send(encode_audio(chunk.chunk_id, self._to_output_rate(chunk.pcm, chunk.sample_rate)))
 
     async def clear(self) -> None:
         await self._send(encode_event({"type": "clear"}))

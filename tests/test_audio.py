@@ -1,0 +1,36 @@
+"""PCM helpers: streaming resampling keeps length and pitch; the session's audio ring is bounded."""
+import numpy as np
+
+from agent.session import AudioRing
+from transport.audio import Int16RateAdapter, StreamResampler
+
+
+def test_int16_adapter_streams_to_the_output_rate():
+    adapt = Int16RateAdapter(16000)
+    t = np.arange(22050) / 22050
+    tone = (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16)
+    out = np.concatenate([adapt(tone[i:i + 2205], 22050) for i in range(0, tone.size, 2205)])
+    # a streaming resampler holds a few ms back until more audio comes (LQ: ~20 ms)
+    assert out.dtype == np.int16 and 16000 - 400 < out.size <= 16000
+    spectrum = np.abs(np.fft.rfft(out[1000:15000].astype(np.float32)))
+    peak_hz = np.argmax(spectrum) * 16000 / 14000
+    assert abs(peak_hz - 440) < 5
+    same = np.arange(100, dtype=np.int16)
+    assert adapt(same, 16000) is same
+
+
+def test_stream_resampler_rejects_bad_rates():
+    import pytest
+
+    with pytest.raises(ValueError):
+        StreamResampler(0, 16000)
+
+
+def test_audio_ring_keeps_only_the_last_samples():
+    ring = AudioRing(10)
+    for i in range(0, 25, 3):
+        ring.push(np.arange(i, min(i + 3, 25), dtype=np.float32))
+    assert ring.last(10).tolist() == list(range(15, 25))
+    assert ring.last(4).tolist() == [21, 22, 23, 24]
+    ring.push(np.arange(100, 130, dtype=np.float32))  # longer than the ring
+    assert ring.last(100).tolist() == list(range(120, 130))
