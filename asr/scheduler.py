@@ -15,13 +15,14 @@ step computed for the previous owner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import math
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -211,7 +212,55 @@ class EngineSession:
         self._has_out.set()
 
 
-class EngineScheduler:
+class ServiceShell:
+    """What every `Recognizer` service shares: one background task (tick loop or sweeper), a
+    worker pool, `async with` support, and waiting for a free slot with a deadline.
+
+    Subclasses set `_executor`, `_freed` (set when a slot frees) and `_background_name`, and
+    implement `_background()`, `sessions` and `_release()`."""
+
+    _background_name = "asr-service"
+    _background_task: asyncio.Task | None = None
+
+    async def _background(self) -> None:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        if self._background_task is None:
+            self._background_task = asyncio.create_task(self._background(), name=self._background_name)
+
+    async def stop(self) -> None:
+        for s in self.sessions:
+            self._release(s, "server stopping", error="server stopping")
+        if self._background_task is not None:
+            self._background_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._background_task
+            self._background_task = None
+        self._executor.shutdown(wait=True)
+
+    async def __aenter__(self):
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    async def _wait_for_slot(self, has_free: Callable[[], bool], capacity: int, wait_s: float) -> None:
+        """Return once `has_free()`; raise `NoFreeSlot` when `wait_s` passes first."""
+        deadline = time.monotonic() + wait_s
+        while not has_free():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NoFreeSlot(f"no free slot: all {capacity} slots are busy")
+            self._freed.clear()
+            try:
+                await asyncio.wait_for(self._freed.wait(), timeout=left)
+            except TimeoutError:
+                pass
+
+
+class EngineScheduler(ServiceShell):
     """Runs a `StreamingEngine` for many sessions; implements `Recognizer`."""
 
     def __init__(self, model: LoadedModel, config: SchedulerConfig | None = None):
@@ -229,7 +278,6 @@ class EngineScheduler:
         self._wake = asyncio.Event()
         self._freed = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="asr-engine")
-        self._task: asyncio.Task | None = None
         self.ticks = 0
         self.step_seconds: deque[float] = deque(maxlen=4096)  # recent step durations
 
@@ -241,41 +289,14 @@ class EngineScheduler:
     def sessions(self) -> list[EngineSession]:
         return [s for s in self._owner if s is not None]
 
-    async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="asr-tick-loop")
+    _background_name = "asr-tick-loop"
 
-    async def stop(self) -> None:
-        for s in self.sessions:
-            self._release(s, "server stopping", error="server stopping")
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
-        self._executor.shutdown(wait=True)
-
-    async def __aenter__(self) -> "EngineScheduler":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.stop()
+    async def _background(self) -> None:
+        await self._run()
 
     # ---- admission -------------------------------------------------------------------------
     async def open_session(self) -> EngineSession:
-        deadline = time.monotonic() + self.config.admission_wait_s
-        while not self._free:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise NoFreeSlot(f"no free slot: all {self.batch_size} slots are busy")
-            self._freed.clear()
-            try:
-                await asyncio.wait_for(self._freed.wait(), timeout=left)
-            except TimeoutError:
-                pass
+        await self._wait_for_slot(lambda: bool(self._free), self.batch_size, self.config.admission_wait_s)
         slot = heapq.heappop(self._free)
         self._gen[slot] += 1
         session = EngineSession(self, slot, self._gen[slot])

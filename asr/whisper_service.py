@@ -38,7 +38,7 @@ import numpy as np
 import soxr
 
 from asr.moshi_protocol import EndWord, Error, MarkerReply, ServerMessage, Step, Word
-from asr.scheduler import NoFreeSlot, SessionClosed
+from asr.scheduler import ServiceShell, SessionClosed
 from asr.vad import SileroVAD
 from asr.whisper import SAMPLE_RATE as WHISPER_RATE
 from asr.whisper import WhisperRecognizer, WhisperStream
@@ -316,7 +316,7 @@ class WhisperSession:
         self._has_out.set()
 
 
-class WhisperService:
+class WhisperService(ServiceShell):
     """Serves `WhisperRecognizer` streams; implements `asr.scheduler.Recognizer`."""
 
     sample_rate = IN_RATE
@@ -330,7 +330,6 @@ class WhisperService:
         self._sessions: list[WhisperSession] = []
         self._freed = asyncio.Event()
         self._executor = ThreadPoolExecutor(max(1, self.config.workers), thread_name_prefix="asr-whisper")
-        self._sweeper: asyncio.Task | None = None
 
     @property
     def batch_size(self) -> int:
@@ -340,44 +339,21 @@ class WhisperService:
     def sessions(self) -> list[WhisperSession]:
         return list(self._sessions)
 
+    _background_name = "asr-whisper-sweeper"
+
     async def start(self) -> None:
         if self._vad_factory is None:
             self._vad_factory = SileroVAD().new_stream
-        if self._sweeper is None:
-            self._sweeper = asyncio.create_task(self._sweep(), name="asr-whisper-sweeper")
+        await super().start()
 
-    async def stop(self) -> None:
-        for s in self.sessions:
-            self._release(s, "server stopping", error="server stopping")
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            try:
-                await self._sweeper
-            except asyncio.CancelledError:
-                pass
-            self._sweeper = None
-        self._executor.shutdown(wait=True)
-
-    async def __aenter__(self) -> "WhisperService":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.stop()
+    async def _background(self) -> None:
+        await self._sweep()
 
     async def open_session(self) -> WhisperSession:
         if self._vad_factory is None:
             await self.start()
-        deadline = time.monotonic() + self.config.admission_wait_s
-        while len(self._sessions) >= self.config.max_sessions:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise NoFreeSlot(f"no free slot: all {self.config.max_sessions} slots are busy")
-            self._freed.clear()
-            try:
-                await asyncio.wait_for(self._freed.wait(), timeout=left)
-            except TimeoutError:
-                pass
+        await self._wait_for_slot(lambda: len(self._sessions) < self.config.max_sessions,
+                                  self.config.max_sessions, self.config.admission_wait_s)
         assert self._vad_factory is not None
         pipe = _Pipeline(self.recognizer.open_stream(), self._vad_factory(), self.config)
         session = WhisperSession(self, pipe)
