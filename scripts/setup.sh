@@ -32,7 +32,7 @@ fi
 STAMP="$VENV/.duplex-installed"
 WANT=$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
-  step "pip: installing duplex with its models (the first run compiles llama-cpp-python: about 10 minutes on 2 cores; pip caches the wheel)"
+  step "pip: installing duplex with its models (the first run downloads ~1 GB and compiles llama-cpp-python: about 5 minutes on 2 cores; pip caches the wheel)"
   # torch is pinned to the CPU wheel on local disk; install it first so nothing pulls a CUDA build.
   "$VENV/bin/pip" install --progress-bar on "torch==2.13.0"
   CMAKE_ARGS="${CMAKE_ARGS:-}" "$VENV/bin/pip" install --progress-bar on -e ".[test]"
