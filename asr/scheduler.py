@@ -81,29 +81,31 @@ class SchedulerConfig:
     sample_rate: int = 24000
 
 
-class EngineSession:
-    """A stream bound to one engine slot."""
+class BufferedSession:
+    """The client side every recognizer session shares: a bounded input buffer whose `feed`
+    waits for room (TCP backpressure), an output queue, pending markers and closing.
 
-    def __init__(self, sched: "EngineScheduler", slot: int, gen: int):
-        self._sched, self.slot, self.gen = sched, slot, gen
-        cfg = sched.config
-        frame = sched.frame_size
-        self.capacity = int(math.ceil(cfg.buffer_seconds * cfg.sample_rate / frame)) * frame
-        self._buf = np.zeros(self.capacity, np.float32)
+    Subclasses call `_init_buffers`, implement `_wake_worker()` (new input or output room) and
+    `close()`, and take audio with `_take(n)`."""
+
+    def _init_buffers(self, capacity: int, max_pending_markers: int) -> None:
+        self.capacity = capacity
+        self._max_markers = max_pending_markers
+        self._buf = np.zeros(capacity, np.float32)
         self._start = 0
         self._len = 0
+        self._received = 0  # input samples accepted so far
         self._room = asyncio.Event()
         self._out: deque[ServerMessage] = deque()
         self._has_out = asyncio.Event()
-        self._markers: deque[tuple[int, int]] = deque()  # (frames_done target, id)
-        self.frames_done = 0
-        self.needs_reset = True
-        self.words = WordAssembler(sched.model.asr_delay_frames, sched.model.decode)
+        self._markers: deque[tuple[int, int]] = deque()  # (target, id), target in subclass units
         self.opened_at = self.last_input = time.monotonic()
         self.closed_reason: str | None = None
         self.max_buffered = 0  # high-water mark, for tests and benchmarks
 
-    # ---- client side -----------------------------------------------------------------------
+    def _wake_worker(self) -> None:
+        raise NotImplementedError
+
     @property
     def buffered_samples(self) -> int:
         return self._len
@@ -124,31 +126,33 @@ class EngineSession:
             await self._room.wait()
         if self.closed:
             raise SessionClosed(self.closed_reason)
-        self._append(pcm)
+        if self._start + self._len + pcm.size > self.capacity:  # compact; O(capacity), rare
+            self._buf[:self._len] = self._buf[self._start:self._start + self._len]
+            self._start = 0
+        end = self._start + self._len
+        self._buf[end:end + pcm.size] = pcm
+        self._len += pcm.size
+        self._received += pcm.size
+        self.max_buffered = max(self.max_buffered, self._len)
         self.last_input = time.monotonic()
-        self._sched._wake.set()
+        self._wake_worker()
 
-    async def mark(self, marker_id: int) -> None:
+    async def _feed_silence(self, n: int) -> None:
+        while n > 0:
+            k = min(n, self.capacity)
+            await self.feed(np.zeros(k, np.float32))
+            n -= k
+
+    def _add_marker(self, target: int, marker_id: int) -> bool:
+        """Queue a marker; False (and an Error message) when too many are pending."""
         if self.closed:
             raise SessionClosed(self.closed_reason)
         self.last_input = time.monotonic()
-        if len(self._markers) >= self._sched.config.max_pending_markers:
-            self._push(Error(f"too many pending markers (max {self._sched.config.max_pending_markers})"))
-            return
-        frames_ahead = -(-self._len // self._sched.frame_size)
-        target = self.frames_done + frames_ahead + self._sched.model.asr_delay_frames
+        if len(self._markers) >= self._max_markers:
+            self._push(Error(f"too many pending markers (max {self._max_markers})"))
+            return False
         self._markers.append((target, marker_id))
-
-    async def flush(self) -> None:
-        frame = self._sched.frame_size
-        partial = self._len % frame
-        if partial:
-            await self.feed(np.zeros(frame - partial, np.float32))
-        silence = (self._sched.model.asr_delay_frames + self._sched.config.flush_extra_frames) * frame
-        while silence > 0:
-            n = min(silence, self.capacity)
-            await self.feed(np.zeros(n, np.float32))
-            silence -= n
+        return True
 
     async def messages(self) -> list[ServerMessage]:
         while not self._out:
@@ -158,37 +162,70 @@ class EngineSession:
             await self._has_out.wait()
         out = list(self._out)
         self._out.clear()
-        self._sched._wake.set()  # a slot paused on a full output queue may run again
+        self._wake_worker()  # a worker paused on a full output queue may run again
         return out
+
+    def _take(self, n: int) -> np.ndarray:
+        """The next `n` buffered samples (a view, valid until the next feed)."""
+        chunk = self._buf[self._start:self._start + n]
+        self._start += n
+        self._len -= n
+        if self._len == 0:
+            self._start = 0
+        self._room.set()
+        return chunk
+
+    def _push(self, msg: ServerMessage) -> None:
+        self._out.append(msg)
+        self._has_out.set()
+
+    def _close(self, reason: str, error: str | None = None) -> None:
+        if self.closed:
+            return
+        if error:
+            self._push(Error(error))
+        self.closed_reason = reason
+        self._room.set()
+        self._has_out.set()
+        self._wake_worker()
+
+
+class EngineSession(BufferedSession):
+    """A stream bound to one engine slot."""
+
+    def __init__(self, sched: "EngineScheduler", slot: int, gen: int):
+        self._sched, self.slot, self.gen = sched, slot, gen
+        cfg = sched.config
+        frame = sched.frame_size
+        self._init_buffers(int(math.ceil(cfg.buffer_seconds * cfg.sample_rate / frame)) * frame,
+                           cfg.max_pending_markers)
+        self.frames_done = 0
+        self.needs_reset = True
+        self.words = WordAssembler(sched.model.asr_delay_frames, sched.model.decode)
+
+    def _wake_worker(self) -> None:
+        self._sched._wake.set()
+
+    async def mark(self, marker_id: int) -> None:
+        frames_ahead = -(-self._len // self._sched.frame_size)
+        self._add_marker(self.frames_done + frames_ahead + self._sched.model.asr_delay_frames, marker_id)
+
+    async def flush(self) -> None:
+        frame = self._sched.frame_size
+        partial = self._len % frame
+        if partial:
+            await self.feed(np.zeros(frame - partial, np.float32))
+        await self._feed_silence((self._sched.model.asr_delay_frames + self._sched.config.flush_extra_frames) * frame)
 
     async def close(self) -> None:
         self._sched._release(self, "closed by client")
 
     # ---- scheduler side --------------------------------------------------------------------
-    def _append(self, pcm: np.ndarray) -> None:
-        if self._start + self._len + pcm.size > self.capacity:  # compact; O(capacity), rare
-            self._buf[:self._len] = self._buf[self._start:self._start + self._len]
-            self._start = 0
-        end = self._start + self._len
-        self._buf[end:end + pcm.size] = pcm
-        self._len += pcm.size
-        self.max_buffered = max(self.max_buffered, self._len)
-
     def _has_frame(self) -> bool:
         return self._len >= self._sched.frame_size and len(self._out) < self._sched.config.out_queue_max
 
     def _pop_frame(self, into: np.ndarray) -> None:
-        f = self._sched.frame_size
-        into[:] = self._buf[self._start:self._start + f]
-        self._start += f
-        self._len -= f
-        if self._len == 0:
-            self._start = 0
-        self._room.set()
-
-    def _push(self, msg: ServerMessage) -> None:
-        self._out.append(msg)
-        self._has_out.set()
+        into[:] = self._take(self._sched.frame_size)
 
     def _on_token(self, token: int, position: int) -> None:
         for ev in self.words.push(token, position):
@@ -201,15 +238,6 @@ class EngineSession:
             self._push(Step(self.frames_done))
         while self._markers and self._markers[0][0] <= self.frames_done:
             self._push(MarkerReply(self._markers.popleft()[1]))
-
-    def _close(self, reason: str, error: str | None = None) -> None:
-        if self.closed:
-            return
-        if error:
-            self._push(Error(error))
-        self.closed_reason = reason
-        self._room.set()
-        self._has_out.set()
 
 
 class ServiceShell:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,8 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 import soxr
 
-from asr.moshi_protocol import EndWord, Error, MarkerReply, ServerMessage, Step, Word
-from asr.scheduler import ServiceShell, SessionClosed
+from asr.moshi_protocol import EndWord, MarkerReply, ServerMessage, Step, Word
+from asr.scheduler import BufferedSession, ServiceShell
 from asr.vad import SileroVAD
 from asr.whisper import SAMPLE_RATE as WHISPER_RATE
 from asr.whisper import WhisperRecognizer, WhisperStream
@@ -172,95 +171,33 @@ class _Pipeline:
 
 
 # ---- sessions (event-loop side) ------------------------------------------------------------------
-class WhisperSession:
+class WhisperSession(BufferedSession):
     """One client stream: bounded input buffer, a worker task, markers and an output queue."""
 
     def __init__(self, service: "WhisperService", pipeline: _Pipeline):
         self._svc, self._pipe = service, pipeline
         cfg = service.config
-        self.capacity = int(math.ceil(cfg.buffer_seconds * IN_RATE / STEP_IN)) * STEP_IN
+        self._init_buffers(int(math.ceil(cfg.buffer_seconds * IN_RATE / STEP_IN)) * STEP_IN, cfg.max_pending_markers)
         self._chunk = max(STEP_IN, int(cfg.chunk_seconds * IN_RATE) // STEP_IN * STEP_IN)
-        self._buf = np.zeros(self.capacity, np.float32)
-        self._start = self._len = 0
-        self._received = 0  # input samples accepted so far
-        self._room = asyncio.Event()
         self._work = asyncio.Event()
-        self._has_out = asyncio.Event()
-        self._out: deque[ServerMessage] = deque()
-        self._markers: deque[tuple[int, int]] = deque()  # (input sample target, id)
-        self.opened_at = self.last_input = time.monotonic()
-        self.closed_reason: str | None = None
-        self.max_buffered = 0
         self._task = asyncio.create_task(self._run(), name="asr-whisper-session")
 
-    # ---- client side (RecognizerSession) ---------------------------------------------------------
-    @property
-    def buffered_samples(self) -> int:
-        return self._len
-
-    @property
-    def closed(self) -> bool:
-        return self.closed_reason is not None
-
-    async def feed(self, pcm: np.ndarray) -> None:
-        pcm = np.asarray(pcm, np.float32).reshape(-1)
-        if pcm.size > self.capacity:
-            raise ValueError(f"at most {self.capacity} samples per call")
-        self.last_input = time.monotonic()
-        while self.capacity - self._len < pcm.size:
-            if self.closed:
-                raise SessionClosed(self.closed_reason)
-            self._room.clear()
-            await self._room.wait()
-        if self.closed:
-            raise SessionClosed(self.closed_reason)
-        if self._start + self._len + pcm.size > self.capacity:  # compact; O(capacity), rare
-            self._buf[:self._len] = self._buf[self._start:self._start + self._len]
-            self._start = 0
-        end = self._start + self._len
-        self._buf[end:end + pcm.size] = pcm
-        self._len += pcm.size
-        self._received += pcm.size
-        self.max_buffered = max(self.max_buffered, self._len)
-        self.last_input = time.monotonic()
+    def _wake_worker(self) -> None:
         self._work.set()
 
+    # ---- client side (RecognizerSession) ---------------------------------------------------------
     async def mark(self, marker_id: int) -> None:
-        if self.closed:
-            raise SessionClosed(self.closed_reason)
-        self.last_input = time.monotonic()
-        if len(self._markers) >= self._svc.config.max_pending_markers:
-            self._push(Error(f"too many pending markers (max {self._svc.config.max_pending_markers})"))
-            return
-        self._markers.append((self._received, marker_id))
-        self._resolve_markers()
+        # targets are input samples: due once everything before them is scored and decoded
+        if self._add_marker(self._received, marker_id):
+            self._resolve_markers()
 
     async def flush(self) -> None:
-        silence = int(self._svc.config.flush_silence_s * IN_RATE)
-        while silence > 0:
-            n = min(silence, self.capacity)
-            await self.feed(np.zeros(n, np.float32))
-            silence -= n
-
-    async def messages(self) -> list[ServerMessage]:
-        while not self._out:
-            if self.closed:
-                return []
-            self._has_out.clear()
-            await self._has_out.wait()
-        out = list(self._out)
-        self._out.clear()
-        self._work.set()  # a worker paused on a full output queue may run again
-        return out
+        await self._feed_silence(int(self._svc.config.flush_silence_s * IN_RATE))
 
     async def close(self) -> None:
         self._svc._release(self, "closed by client")
 
     # ---- worker --------------------------------------------------------------------------------
-    def _push(self, msg: ServerMessage) -> None:
-        self._out.append(msg)
-        self._has_out.set()
-
     def _resolve_markers(self) -> None:
         """A marker is due once the VAD has scored all audio before it and no utterance that
         began before it is still open (its words have been sent)."""
@@ -274,16 +211,6 @@ class WhisperSession:
             self._markers.popleft()
             self._push(MarkerReply(mid))
 
-    def _pop(self) -> np.ndarray:
-        n = min(self._len, self._chunk)
-        chunk = self._buf[self._start:self._start + n].copy()
-        self._start += n
-        self._len -= n
-        if self._len == 0:
-            self._start = 0
-        self._room.set()
-        return chunk
-
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         cfg = self._svc.config
@@ -293,7 +220,7 @@ class WhisperSession:
                     self._work.clear()
                     await self._work.wait()
                     continue
-                chunk = self._pop()
+                chunk = self._take(min(self._len, self._chunk)).copy()
                 msgs = await loop.run_in_executor(self._svc._executor, self._pipe.process, chunk)
                 if self.closed:
                     return
@@ -304,16 +231,6 @@ class WhisperSession:
             raise
         except Exception as e:  # a model failure ends this stream, not the server
             self._svc._release(self, f"recognizer failed: {e!r}", error=f"recognizer failed: {type(e).__name__}")
-
-    def _close(self, reason: str, error: str | None = None) -> None:
-        if self.closed:
-            return
-        if error:
-            self._push(Error(error))
-        self.closed_reason = reason
-        self._room.set()
-        self._work.set()
-        self._has_out.set()
 
 
 class WhisperService(ServiceShell):
