@@ -195,7 +195,7 @@ class Session:
         self.session_id = session_id
         self.turns = TurnMachine(self.config.turns)
         self.history: list[Message] = []
-        self.records: list[TurnRecord] = []
+        self.records = TurnLog()
         self.spec = SpeculationStats()
         self._vad = models.vad_factory()
         self._asr = models.asr.open_stream()
@@ -361,7 +361,7 @@ class Session:
     def _on_client_event(self, ev: ClientEvent) -> None:
         if ev.kind == "metrics":
             turn, m2e = ev.data.get("turn"), ev.data.get("mouth_to_ear_ms")
-            if isinstance(turn, int) and 0 <= turn < len(self.records) and isinstance(m2e, (int, float)):
+            if isinstance(turn, int) and turn in self.records and isinstance(m2e, (int, float)):
                 self.records[turn].mouth_to_ear_ms = round(float(m2e), 1)
                 self.tracer.instant("client", "mouth_to_ear", turn=turn, ms=float(m2e))
             return
@@ -647,6 +647,40 @@ class Session:
             self.tracer.instant("transport", "send_audio", turn=rec.index, flow=rec.index + 1)
             await self._send_state()
         await playout.play(chunk)
+
+
+class TurnLog:
+    """The session's turn records, indexed by absolute turn number, keeping only the last
+    `keep` of them (a session can last hours). `len()` is the number of turns ever started."""
+
+    def __init__(self, keep: int = 256):
+        self._recent: deque[TurnRecord] = deque(maxlen=keep)
+        self._count = 0
+
+    def append(self, rec: TurnRecord) -> None:
+        self._recent.append(rec)
+        self._count += 1
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _pos(self, i: int) -> int:
+        pos = i - (self._count - len(self._recent))
+        if not 0 <= pos < len(self._recent):
+            raise IndexError(f"turn {i} is not kept (turns {self._count - len(self._recent)}..{self._count - 1} are)")
+        return pos
+
+    def __getitem__(self, i: int) -> TurnRecord:
+        return self._recent[self._pos(i)]
+
+    def __setitem__(self, i: int, rec: TurnRecord) -> None:
+        self._recent[self._pos(i)] = rec
+
+    def __contains__(self, i: int) -> bool:
+        return self._count - len(self._recent) <= i < self._count
+
+    def __iter__(self):
+        return iter(self._recent)
 
 
 class AudioRing:

@@ -40,6 +40,7 @@ Defaults, and why:
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from enum import Enum
 
@@ -107,7 +108,7 @@ class TurnMachine:
     def __init__(self, config: TurnConfig | None = None):
         self.config = config or TurnConfig()
         self.state = State.LISTENING
-        self.transitions: list[tuple[float, State, State]] = []
+        self.transitions: deque[tuple[float, State, State]] = deque(maxlen=1024)  # recent, bounded
         self.in_speech = False
         self._speech_run = 0.0  # seconds of consecutive speech frames
         self._silence_run = 0.0

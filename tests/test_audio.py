@@ -1,7 +1,6 @@
-"""PCM helpers: streaming resampling keeps length and pitch; the session's audio ring is bounded."""
+"""PCM helpers: streaming resampling keeps length and pitch."""
 import numpy as np
 
-from agent.session import AudioRing
 from transport.audio import Int16RateAdapter, StreamResampler
 
 
@@ -24,13 +23,3 @@ def test_stream_resampler_rejects_bad_rates():
 
     with pytest.raises(ValueError):
         StreamResampler(0, 16000)
-
-
-def test_audio_ring_keeps_only_the_last_samples():
-    ring = AudioRing(10)
-    for i in range(0, 25, 3):
-        ring.push(np.arange(i, min(i + 3, 25), dtype=np.float32))
-    assert ring.last(10).tolist() == list(range(15, 25))
-    assert ring.last(4).tolist() == [21, 22, 23, 24]
-    ring.push(np.arange(100, 130, dtype=np.float32))  # longer than the ring
-    assert ring.last(100).tolist() == list(range(120, 130))

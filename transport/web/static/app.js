@@ -3,6 +3,7 @@
 "use strict";
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
+const LOG_MAX = 5000;  // window.duplexLog keeps the most recent events only (sessions last hours)
 const log = (window.duplexLog = []);
 let ws, micCtx, playCtx, player, clockOffset = 0, bestRtt = Infinity;
 const turns = {};          // turn -> {speechEnd (server ms), heard (ms)}
@@ -13,7 +14,11 @@ const FRAME_RING = 3000, frameTimes = new Float64Array(FRAME_RING);
 let framesSent = 0;
 let micLatencyMs = 0, outLatencyMs = 0;  // device latencies the browser reports, when it does
 
-function record(ev) { ev.page_ms = performance.now(); log.push(ev); }
+function record(ev) {
+  ev.page_ms = performance.now();
+  log.push(ev);
+  if (log.length > LOG_MAX) log.splice(0, log.length - LOG_MAX);
+}
 function line(cls, text) { const p = document.createElement("p"); p.className = cls; p.textContent = text; $("log").appendChild(p); return p; }
 
 async function start() {
@@ -102,6 +107,9 @@ function onMessage(e) {
     case "partial": $("partial").textContent = m.text; break;
     case "endpoint": {
       currentTurn = m.turn;
+      delete turns[m.turn - 50];  // keep the last 50 turns' figures
+      const old = document.getElementById("lat" + (m.turn - 50));
+      if (old) old.remove();
       // frame k was posted when its last sample was captured; the end of speech lies inside it
       const k = Math.floor(m.speech_end_stream_s / 0.02);
       const intoFrameMs = (m.speech_end_stream_s - k * 0.02) * 1000;
