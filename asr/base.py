@@ -1,7 +1,7 @@
 """The recognizer vocabulary: words with times, hypotheses, and the streaming protocol."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -53,10 +53,3 @@ class StreamingRecognizer(Protocol):
     sample_rate: int
 
     def open_stream(self) -> RecognizerStream: ...
-
-
-@dataclass
-class RecognizerInfo:
-    name: str
-    sample_rate: int
-    extra: dict = field(default_factory=dict)

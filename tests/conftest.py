@@ -10,3 +10,11 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def hf():
+    """A tiny, seeded, random Kyutai STT model (transformers reference), window 8."""
+    from asr.kyutai import tiny_hf_model
+
+    return tiny_hf_model(seed=0, window=8)

@@ -6,18 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from asr.kyutai import engine_from_hf, tiny_hf_model
+from asr.kyutai import engine_from_hf
 from asr.mimi import MimiSpec, MimiStreamingEncoder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 WINDOW = 8
 FRAME = 1920
-
-
-@pytest.fixture(scope="module")
-def hf():
-    return tiny_hf_model(seed=0, window=WINDOW)
 
 
 def _audio(seed: int, frames: int) -> np.ndarray:

@@ -7,18 +7,13 @@ import pytest
 import torch
 
 from asr.engine import StreamingEngine
-from asr.kyutai import engine_from_hf, tiny_hf_model
+from asr.kyutai import engine_from_hf
 from asr.mimi import _StreamConv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 WINDOW = 8
 FRAME = 1920
-
-
-@pytest.fixture(scope="module")
-def hf():
-    return tiny_hf_model(seed=0, window=WINDOW)
 
 
 def _audio(seed: int, frames: int) -> np.ndarray:

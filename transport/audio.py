@@ -14,12 +14,6 @@ def float_to_int16(x: np.ndarray) -> np.ndarray:
     return (np.clip(x, -1.0, 32767 / 32768) * 32768.0).astype(np.int16)
 
 
-def pcm16_bytes_to_float(data: bytes) -> np.ndarray:
-    if len(data) % 2:
-        raise ValueError(f"PCM16 payload has an odd number of bytes ({len(data)})")
-    return int16_to_float(np.frombuffer(data, dtype="<i2"))
-
-
 class StreamResampler:
     """Chunk-by-chunk resampling with soxr at a low-latency quality.
 
