@@ -22,7 +22,7 @@ from agent.profiling import profile_region
 from agent.trace import NullTracer, Tracer
 from agent.speculation import Branch, SpeculationStats, same_transcript
 from agent.turns import (
-    BargeIn, EndOfTurn, ResumeReply, SpeechPaused, SpeechResumed, StartUtterance, State, TurnConfig, TurnMachine)
+    BargeIn, EndOfTurn, ResumeReply, SpeechPaused, SpeechResumed, SpeechStopped, StartUtterance, State, TurnConfig, TurnMachine)
 from asr.base import Hypothesis, StreamingRecognizer
 from llm.base import ChatModel, Message
 from transport.audio import StreamResampler
@@ -52,8 +52,10 @@ class SessionConfig:
     text_queue: int = 8  # LLM -> TTS chunks in flight
     asr_queue: int = 1024  # audio chunks waiting for the recognizer (~20 s of 20 ms frames)
     speculate: bool = True  # start ASR final + LLM + TTS at a pause, before the turn is confirmed
-    max_speculations_per_turn: int = 3  # pauses decoded (and speculated on) per user turn
-    final_pad_s: float = 0.15  # audio after the end of speech given to the final decode
+    max_speculations_per_turn: int = 3  # silences decoded (and speculated on) per user turn
+    # audio after the end of speech given to the final decode; at most the turn machine's
+    # decode_after_s plus one VAD frame, so the early decode and the final see the same audio
+    final_pad_s: float = 0.12
 
 
 @dataclass
@@ -215,6 +217,10 @@ class Session:
         self._playout: Playout | None = None
         self._branch: Branch | None = None
         self._pause_decodes = 0
+        self._decoded: tuple[float, Hypothesis] | None = None  # last early decode: (speech end, text)
+        self._paused_at: float | None = None  # speech end of the pause now pending
+        self._early_n: tuple[float, int] | None = None  # last early decode: (speech end, samples)
+        self._asr_samples = 0  # samples of this utterance sent to the recognizer
         self._eou_task: asyncio.Task | None = None
         # (turn, heard, heard before the cut clause, text from the cut clause on)
         self._resumable: tuple[TurnRecord, str, str, str] | None = None
@@ -278,6 +284,7 @@ class Session:
             commands += self.turns.on_vad(t, p, VAD_FRAME_S)
         if self._utterance_active:
             await self._asr_q.put(("audio", x))
+            self._asr_samples += x.size
         await self._run_commands(commands)
 
     async def _asr_put(self, op: tuple) -> None:
@@ -300,26 +307,37 @@ class Session:
             self.tracer.instant("turn", "user_speech_start", turn=turn)
             self._utterance_active = True
             self._pause_decodes = 0
+            self._decoded = self._paused_at = self._early_n = None
             speech_so_far = int((self._t_audio - cmd.t_start) * ASR_RATE)
             preroll = self._recent.last(int(self.config.turns.preroll_s * ASR_RATE) + speech_so_far)
             self._utt_t0 = self._t_audio - preroll.size / ASR_RATE
+            self._asr_samples = preroll.size
             await self._asr_put(("start", (preroll, self._utt_t0)))
             await self._send_state()
-        elif isinstance(cmd, SpeechPaused):
-            self.tracer.instant("turn", "pause", turn=turn)
-            self._start_eou_check()
-            # decode at the pause in both modes (a streaming recognizer would have this text
-            # anyway); only concurrent mode also speculates on it with the LLM and TTS
+        elif isinstance(cmd, SpeechStopped):
+            # decode as soon as the user stops, in both modes (a streaming recognizer would have
+            # this text anyway); the final decode over the same audio reuses it
             if self._pause_decodes < self.config.max_speculations_per_turn:
                 self._pause_decodes += 1
-                await self._asr_put(("pause_decode", cmd.t_speech_end))
+                # the audio the recognizer has by now; the final decode asks for the same samples
+                n = min(self._samples_until(cmd.t_speech_end), self._asr_samples)
+                self._early_n = (cmd.t_speech_end, n)
+                await self._asr_put(("pause_decode", (cmd.t_speech_end, n)))
+        elif isinstance(cmd, SpeechPaused):
+            self.tracer.instant("turn", "pause", turn=turn)
+            self._paused_at = cmd.t_speech_end
+            self._start_eou_check()
             await self._send_state()
+            if self._decoded is not None and self._decoded[0] == cmd.t_speech_end:
+                await self._on_pause_transcript(self._decoded[1])  # decoded before the pause
         elif isinstance(cmd, SpeechResumed):
             self.tracer.instant("turn", "speech_resumed", turn=turn)
+            self._paused_at = None
             await self._cancel_branch("user went on speaking")
             await self._send_state()
         elif isinstance(cmd, EndOfTurn):
             self._utterance_active = False
+            self._paused_at = None
             rec = TurnRecord(index=turn, speech_end=self.wall_of(cmd.t_speech_end), endpoint=now)
             self.records.append(rec)
             self.tracer.instant("turn", "user_speech_end", turn=rec.index, ts_ns=_ns(rec.speech_end))
@@ -396,16 +414,15 @@ class Session:
                         await self._send({"type": "partial", "text": hyp.text, "stable": hyp.stable_text})
                         await self._run_commands(self.turns.on_words(self._t_audio, len(hyp.text.split())))
             elif op == "pause_decode":
-                n = self._samples_until(arg)
+                t_end, n = arg
                 hyp = await asyncio.to_thread(self._traced, "asr", "pause_decode", lambda: self._asr.decode(n))
-                # only if the user is still paused: no speech since, and the turn not yet taken
-                if self.turns.state == State.ENDPOINT_PENDING and _has_words(hyp.text):
-                    if self.config.speculate and self.config.mode == "concurrent" and self._branch is None:
-                        self._start_branch(hyp.text)
-                    await self._run_commands(self.turns.on_transcript(self._t_audio, _ends_sentence(hyp.text)))
+                self._decoded = (t_end, hyp)
+                if self._paused_at == t_end:  # the pause came while decoding
+                    await self._on_pause_transcript(hyp)
             elif op == "final":
                 rec, t_end = arg
-                n = self._samples_until(t_end)
+                early = self._early_n
+                n = early[1] if early is not None and early[0] == t_end else self._samples_until(t_end)
                 hyp: Hypothesis = await asyncio.to_thread(self._traced, "asr", "final_decode",
                                                           lambda: self._asr.finalize(n), rec.index)
                 rec.asr_final = time.perf_counter()
@@ -414,6 +431,16 @@ class Session:
                 await self._send({"type": "final", "turn": rec.index, "text": hyp.text,
                                   "words": [[w.text, round(w.start, 3), round(w.end, 3)] for w in hyp.words]})
                 await self._on_final(rec)
+
+    async def _on_pause_transcript(self, hyp: Hypothesis) -> None:
+        """The transcript up to the pending pause: speculate on it (concurrent mode) and let the
+        turn machine judge whether it ends a sentence. Only while the user is still paused: no
+        speech since, and the turn not yet taken."""
+        if self.turns.state != State.ENDPOINT_PENDING or not _has_words(hyp.text):
+            return
+        if self.config.speculate and self.config.mode == "concurrent" and self._branch is None:
+            self._start_branch(hyp.text)
+        await self._run_commands(self.turns.on_transcript(self._t_audio, _ends_sentence(hyp.text)))
 
     def _traced(self, stage: str, name: str, fn, turn: int | None = None):
         """Run a blocking model call (in a worker thread) inside a trace span. The turn defaults

@@ -10,9 +10,17 @@ def feed(text, **kw):
 
 
 def test_sentences_and_first_clause():
-    chunks, rest = feed("The capital of France is Paris, a city on the Seine. It is lovely! Mr. Smith agrees.")
+    text = "The capital of France is Paris, a city on the Seine. It is lovely! Mr. Smith agrees."
+    chunks, rest = feed(text, first_clause_words=4, first_max_words=7)
     assert chunks == ["The capital of France is Paris,", "a city on the Seine.", "It is lovely!"]
     assert rest == ["Mr. Smith agrees."]
+    # the defaults start speaking after four words, at a clause of three or more if one comes first
+    chunks, rest = feed(text)
+    assert chunks == ["The capital of France", "is Paris, a city on the Seine.", "It is lovely!"]
+    chunks, _ = feed("Yes, it is. Rain, of course, falls.")
+    assert chunks[0] == "Yes, it is."
+    chunks, _ = feed("Well, rain falls, mostly in spring and autumn.")
+    assert chunks[0] == "Well, rain falls,"
 
 
 def test_no_cut_inside_numbers_or_abbreviations():
@@ -32,6 +40,6 @@ def test_a_long_first_sentence_is_cut_early_and_later_ones_are_not():
     text = ("A brave little dragon was living in a terrifying and dangerous cave near the old village "
             "and it was very happy there with all of its many friends and family members for years.")
     chunks, rest = feed(text)
-    assert len(chunks[0].split()) == 7  # spoken before the sentence is complete
+    assert len(chunks[0].split()) == 4  # spoken before the sentence is complete
     assert all(len(c.split()) > 7 for c in chunks[1:] + rest)
     assert " ".join(chunks + rest) == text

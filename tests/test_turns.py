@@ -1,7 +1,7 @@
 """The turn state machine, driven by synthetic VAD frames and model verdicts (no models).
 Each test asserts the exact transitions and the commands emitted."""
 from agent.turns import (
-    BargeIn, EndOfTurn, ResumeReply, SpeechPaused, SpeechResumed, StartUtterance, State, TurnConfig, TurnMachine)
+    BargeIn, EndOfTurn, ResumeReply, SpeechPaused, SpeechResumed, SpeechStopped, StartUtterance, State, TurnConfig, TurnMachine)
 
 F = 0.032
 L, U, P, T, B, I = (State.LISTENING, State.USER_SPEAKING, State.ENDPOINT_PENDING, State.THINKING,
@@ -34,11 +34,11 @@ class Driver:
 
 def test_normal_turn_ends_on_the_turn_model():
     d = Driver().frames("...." + "#" * 30 + "." * 7)
-    assert d.kinds() == [StartUtterance, SpeechPaused]
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused]
     assert abs(d.log[0].t_start - 4 * F) < 1e-6 and abs(d.log[1].t_speech_end - 34 * F) < 1e-6
     assert d.m.state == P
     d.eou(0.93)
-    assert d.kinds() == [StartUtterance, SpeechPaused, EndOfTurn]
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
     assert abs(d.log[2].t_speech_end - 34 * F) < 1e-6
     d.m.on_reply_started(d.t)
     d.m.on_reply_finished(d.t + 1)
@@ -48,44 +48,44 @@ def test_normal_turn_ends_on_the_turn_model():
 def test_early_speculative_hit_no_resume_between_pause_and_end():
     # the pause that starts speculation is followed by the endpoint, with nothing in between
     d = Driver().frames("#" * 20 + "." * 10).eou(0.8).frames("." * 10)
-    assert d.kinds() == [StartUtterance, SpeechPaused, EndOfTurn]
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
     assert d.states() == [U, P, T]
 
 
 def test_speculative_miss_when_the_user_goes_on():
     d = Driver().frames("#" * 20 + "." * 8)
-    assert d.kinds() == [StartUtterance, SpeechPaused]
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused]
     d.frames("#" * 15)  # the transcript changes after speculation started
-    assert d.kinds() == [StartUtterance, SpeechPaused, SpeechResumed]
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, SpeechResumed]
     assert d.m.state == U
     d.frames("." * 8).eou(0.9)
-    assert d.kinds() == [StartUtterance, SpeechPaused, SpeechResumed, SpeechPaused, EndOfTurn]
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, SpeechResumed, SpeechStopped, SpeechPaused, EndOfTurn]
     assert d.states() == [U, P, U, P, T]
 
 
 def test_incomplete_verdict_waits_for_the_silence_timeout():
     d = Driver(max_endpoint_s=1.0).frames("#" * 20 + "." * 8).eou(0.1)
-    assert d.kinds() == [StartUtterance, SpeechPaused] and d.m.state == P
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused] and d.m.state == P
     d.frames("." * 20)  # 28 frames of silence = 0.9 s: still waiting
     assert d.m.state == P
     d.frames("." * 4)
-    assert d.kinds() == [StartUtterance, SpeechPaused, EndOfTurn] and d.m.state == T
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn] and d.m.state == T
 
 
 def test_without_a_turn_model_silence_alone_ends_the_turn():
     d = Driver(use_eou=False).frames("#" * 20 + "." * 15)
-    assert d.kinds() == [StartUtterance, SpeechPaused] and d.m.state == P
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused] and d.m.state == P
     d.frames("." * 2)  # 17 frames = 0.54 s >= 0.5 s
-    assert d.kinds() == [StartUtterance, SpeechPaused, EndOfTurn]
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
 
 
 def test_barge_in_during_bot_speech_needs_min_speech_then_words_make_it_real():
     d = Driver().frames("#" * 20 + "." * 8).eou(0.9)
     d.m.on_reply_started(d.t)
     d.frames("#" * 5 + "." * 5)  # 160 ms: a cough
-    assert d.m.state == B and d.kinds() == [StartUtterance, SpeechPaused, EndOfTurn]
+    assert d.m.state == B and d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
     d.frames("#" * 10)
-    assert d.kinds()[3:] == [BargeIn, StartUtterance]
+    assert d.kinds()[4:] == [BargeIn, StartUtterance]
     assert d.m.state == I
     d.log += d.m.on_words(d.t, 3)  # the recognizer heard words: a real interruption
     assert d.m.state == U
@@ -112,7 +112,7 @@ def test_false_interruption_resumes_when_the_utterance_has_no_words():
     d = Driver().frames("#" * 20 + "." * 8).eou(0.9)
     d.m.on_reply_started(d.t)
     d.frames("#" * 12 + "." * 8).eou(0.9)  # a short noise, then the turn ends
-    assert d.kinds()[-3:] == [StartUtterance, SpeechPaused, EndOfTurn]
+    assert d.kinds()[-4:] == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
     d.log += d.m.on_final(d.t, 0)
     assert d.kinds()[-1] == ResumeReply and d.m.state == B
 
@@ -130,7 +130,7 @@ def test_rapid_successive_turns():
         d.m.on_reply_started(d.t)
         d.m.on_reply_finished(d.t)
         d.frames("..")
-    assert d.kinds() == [StartUtterance, SpeechPaused, EndOfTurn] * 3
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn] * 3
     assert d.states() == [U, P, T, B, L] * 3
     # the user talking while the bot is still thinking barges in too
     d.frames("#" * 12 + "." * 7).eou(0.9).frames("#" * 10)
@@ -154,8 +154,25 @@ def test_a_complete_sentence_ends_the_turn_after_the_short_silence():
     d.log += d.m.on_transcript(d.t, complete=True)  # too early: only 0.26 s of silence
     assert d.m.state == P
     d.frames("." * 8)  # 16 frames = 0.51 s
-    assert d.kinds() == [StartUtterance, SpeechPaused, EndOfTurn]
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
     d2 = Driver(max_endpoint_s=1.5).frames("#" * 20 + "." * 8).eou(0.1)
     d2.log += d2.m.on_transcript(d2.t, complete=False)
     d2.frames("." * 16)
     assert d2.m.state == P  # an unfinished sentence waits for the long timeout
+
+
+def test_decode_starts_at_a_short_silence_ahead_of_the_pause():
+    # 0.1 s of silence asks for a decode (once per silence); the pause itself comes at 0.2 s
+    d = Driver().frames("#" * 20 + "..")
+    assert d.kinds() == [StartUtterance]
+    d.frames("..")  # 4 frames = 0.128 s
+    assert d.kinds() == [StartUtterance, SpeechStopped] and d.m.state == U
+    assert abs(d.log[1].t_speech_end - 20 * F) < 1e-6
+    d.frames("..")  # still the same silence: nothing new
+    assert d.kinds() == [StartUtterance, SpeechStopped]
+    d.frames("#" * 6 + "....")  # the user went on before the pause: a new silence, a new decode
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechStopped] and d.m.state == U
+    assert abs(d.log[2].t_speech_end - 32 * F) < 1e-6
+    d.frames("...")
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechStopped, SpeechPaused]
+    assert d.log[3].t_speech_end == d.log[2].t_speech_end and d.states() == [U, P]
