@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
+import sys
 
 import msgpack
 import numpy as np
@@ -108,6 +111,32 @@ async def test_whisper_served_over_moshi_protocol_two_concurrent_streams():
     refs = [reference(c) for c in CLIPS]
     score = wer(refs, hyps)
     assert score <= 0.20, (score, hyps, refs)
+
+
+KYUTAI_CLIENT = os.environ.get("DUPLEX_KYUTAI_CLIENT")
+
+
+@pytest.mark.skipif(not KYUTAI_CLIENT, reason="set DUPLEX_KYUTAI_CLIENT to Kyutai's scripts/stt_from_file_rust_server.py "
+                    "(github.com/kyutai-labs/delayed-streams-modeling; not on any registry, not vendored)")
+async def test_kyutai_own_client_script_unchanged():
+    """Kyutai's own file client, run as they ship it, against our server: its transcript and its
+    word timestamps come out right (it needs sphn, msgpack, numpy, websockets: all in our venv)."""
+    clip = CLIPS[0]
+    async with whisper_server(slots=1) as (_, url):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, KYUTAI_CLIENT, str(DEV / clip), "--url", url.removesuffix(PATH), "--rtf", "4",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    text = out.decode()
+    assert proc.returncode == 0, text
+    # its last lines: "start - stop  word", times counted from its leading 1 s of silence
+    rows = [m.groups() for m in re.finditer(r"^\s*(\d+\.\d+) -\s*(\d+\.\d+)\s+(\S.*)$", text, re.M)]
+    starts, stops, words = [float(a) for a, _, _ in rows], [float(b) for _, b, _ in rows], [w for *_, w in rows]
+    assert words, text
+    assert wer([reference(clip)], [" ".join(words)]) <= 0.15, text
+    duration = sf.info(str(DEV / clip)).duration
+    assert starts == sorted(starts) and all(s <= e for s, e in zip(starts, stops))
+    assert 0.9 <= starts[0] and stops[-1] <= 1.0 + duration + 0.2, (starts, stops)
 
 
 async def collect_until_marker(session, marker_id: int) -> list:
