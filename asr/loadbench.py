@@ -203,7 +203,8 @@ def _cer(refs: list[str], hyps: list[str]) -> float:
 
 
 # ---- engine throughput ---------------------------------------------------------------------
-def engine_throughput(sizes: list[int], steps: int, threads: int | None, hidden: int, layers: int) -> int:
+def engine_throughput(sizes: list[int], steps: int, threads: int | None, hidden: int, layers: int,
+                      compile: bool = False) -> int:
     import torch
 
     from asr.kyutai import engine_from_hf, tiny_hf_model
@@ -212,7 +213,8 @@ def engine_throughput(sizes: list[int], steps: int, threads: int | None, hidden:
         torch.set_num_threads(threads)
     hf = tiny_hf_model(seed=0, window=64, hidden=hidden, layers=layers)
     print(f"random engine on CPU: LM hidden={hidden} layers={layers} window=64, tiny Mimi; "
-          f"torch threads={torch.get_num_threads()}, {steps} timed steps")
+          f"torch threads={torch.get_num_threads()}, {steps} timed steps, "
+          f"{'torch.compile' if compile else 'eager'}")
 
     def time_steps(engine, n):
         B = engine.batch_size
@@ -225,6 +227,8 @@ def engine_throughput(sizes: list[int], steps: int, threads: int | None, hidden:
         for _ in range(n):
             engine.step(pcm, active)
         total = (time.perf_counter() - t0) / n
+        if compile:  # the compiled step fuses Mimi into the rest: no separate figure
+            return total, float("nan")
         with torch.no_grad():  # the Mimi front end alone (its convs run at the 24 kHz sample rate)
             t0 = time.perf_counter()
             for _ in range(n):
@@ -233,16 +237,16 @@ def engine_throughput(sizes: list[int], steps: int, threads: int | None, hidden:
         engine.mimi.reset_rows(torch.arange(B))
         return total, mimi
 
-    single, single_mimi = time_steps(engine_from_hf(hf, 1), steps)
+    single, single_mimi = time_steps(engine_from_hf(hf, 1, compile=compile), steps)
     # B sequential single-stream runs of `steps` frames each take B * steps * single seconds, so
     # their throughput is 1 / single frames per second whatever B is.
     print(f"single stream: step {single * 1e3:.3f} ms (Mimi {single_mimi * 1e3:.3f} ms) = {1 / single:.0f} frames/s")
     print(f"{'B':>3} {'step ms':>8} {'Mimi ms':>8} {'batched fr/s':>13} {'sequential fr/s':>16} {'ratio':>6} "
           f"{'ratio/B':>8} {'LM-only ratio/B':>16}")
     for B in sizes:
-        t_b, m_b = time_steps(engine_from_hf(hf, B), steps)
+        t_b, m_b = time_steps(engine_from_hf(hf, B, compile=compile), steps)
         ratio = (B / t_b) / (1 / single)
-        lm_ratio = (B / max(t_b - m_b, 1e-9)) / (1 / max(single - single_mimi, 1e-9))
+        lm_ratio = (B / max(t_b - m_b, 1e-9)) / (1 / max(single - single_mimi, 1e-9))  # nan if compiled
         print(f"{B:>3} {t_b * 1e3:>8.3f} {m_b * 1e3:>8.3f} {B / t_b:>13.0f} {1 / single:>16.0f} {ratio:>6.2f} "
               f"{ratio / B:>8.2f} {lm_ratio / B:>16.2f}")
     return 0
@@ -337,13 +341,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--hidden", type=int, default=32, help="--engine-throughput: LM width")
     p.add_argument("--layers", type=int, default=2, help="--engine-throughput: LM layers")
+    p.add_argument("--compile", action="store_true", help="--engine-throughput: torch.compile the step")
     p.add_argument("--memory", action="store_true")
     p.add_argument("--memory-steps", type=int, default=45_000)
     p.add_argument("--flood-seconds", type=float, default=600.0)
     p.add_argument("--flood-speed", type=float, default=10.0)
     args = p.parse_args(argv)
     if args.engine_throughput:
-        return engine_throughput(args.sizes, args.steps, args.threads, args.hidden, args.layers)
+        return engine_throughput(args.sizes, args.steps, args.threads, args.hidden, args.layers, args.compile)
     if args.memory:
         return memory_mode(args)
     return asyncio.run(load_test(args))
