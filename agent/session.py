@@ -28,7 +28,7 @@ from llm.base import ChatModel, Message
 from transport.audio import StreamResampler
 from transport.base import AudioIn, AudioOut, ClientEvent, Played, Transport
 from tts.base import AudioChunk, Synthesizer
-from tts.chunking import TextChunker
+from tts.chunking import TextChunker, ends_sentence
 
 log = logging.getLogger("duplex.session")
 ASR_RATE = 16000
@@ -440,7 +440,7 @@ class Session:
             return
         if self.config.speculate and self.config.mode == "concurrent" and self._branch is None:
             self._start_branch(hyp.text)
-        await self._run_commands(self.turns.on_transcript(self._t_audio, _ends_sentence(hyp.text)))
+        await self._run_commands(self.turns.on_transcript(self._t_audio, ends_sentence(hyp.text)))
 
     def _traced(self, stage: str, name: str, fn, turn: int | None = None):
         """Run a blocking model call (in a worker thread) inside a trace span. The turn defaults
@@ -739,10 +739,6 @@ async def _cancel(task: asyncio.Task | None) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
-
-
-def _ends_sentence(text: str) -> bool:
-    return text.rstrip().rstrip("\"')]").endswith((".", "?", "!"))
 
 
 def _has_words(text: str) -> bool:

@@ -8,6 +8,9 @@ from typing import Protocol
 
 import numpy as np
 
+from tts.chunking import ends_sentence
+from tts.joins import trim_join
+
 
 @dataclass(frozen=True)
 class AudioChunk:
@@ -41,10 +44,13 @@ class SentenceSynthesizer:
         raise NotImplementedError
 
     async def stream(self, text_chunks: AsyncIterator[str]) -> AsyncIterator[AudioChunk]:
+        continues = False  # the previous chunk stopped inside a sentence
         async for text in text_chunks:
             text = text.strip()
             if not any(ch.isalnum() for ch in text):
                 continue
             pcm = await asyncio.to_thread(self.synthesize, text)
+            pcm = trim_join(pcm, self.sample_rate, text, continues)  # no hole where a sentence was cut
+            continues = not ends_sentence(text)
             if pcm.size:
                 yield AudioChunk(pcm, self.sample_rate, text)

@@ -8,6 +8,11 @@ _CLAUSE_END = re.compile(r"([,;:\u2014]|\s-\s)(\s+)")
 _ABBREVIATIONS = {"mr.", "mrs.", "ms.", "dr.", "st.", "vs.", "e.g.", "i.e.", "etc.", "no."}
 
 
+def ends_sentence(text: str) -> bool:
+    """The text ends with sentence punctuation (closing quotes and brackets allowed)."""
+    return text.rstrip().rstrip("\"')]").endswith((".", "!", "?"))
+
+
 class TextChunker:
     """Feed tokens with `push`; receive chunks as soon as a boundary is certain.
 

@@ -1,0 +1,65 @@
+"""A sentence cut into chunks for early speech plays without holes at the cuts; sentence ends keep
+the voice's own pause. Pure checks on synthetic audio, then the real Piper voice."""
+import numpy as np
+import pytest
+
+from tts.joins import KEEP_AFTER_CLAUSE_S, KEEP_BEFORE_CONTINUATION_S, KEEP_INSIDE_PHRASE_S, trim_join
+
+SR = 1000  # 1 sample per ms keeps the arithmetic readable
+
+
+def tone(lead_ms: int, body_ms: int, tail_ms: int) -> np.ndarray:
+    x = np.zeros(lead_ms + body_ms + tail_ms, np.int16)
+    x[lead_ms:lead_ms + body_ms] = 8000
+    return x
+
+
+def edges(x: np.ndarray) -> tuple[int, int]:
+    loud = np.flatnonzero(np.abs(x) > 300)
+    return int(loud[0]), int(x.size - 1 - loud[-1])
+
+
+def test_cut_inside_a_phrase_keeps_almost_no_silence():
+    out = trim_join(tone(50, 400, 200), SR, "The capital of France", continues=False)
+    assert edges(out) == (50, int(KEEP_INSIDE_PHRASE_S * SR))  # the answer's first chunk keeps its onset
+
+
+def test_after_a_clause_mark_a_breath_remains():
+    out = trim_join(tone(50, 400, 200), SR, "Well, rain falls,", continues=False)
+    assert edges(out)[1] == int(KEEP_AFTER_CLAUSE_S * SR)
+
+
+def test_continuation_loses_its_lead_and_a_sentence_end_keeps_its_tail():
+    out = trim_join(tone(50, 400, 200), SR, "is Paris.", continues=True)
+    assert edges(out) == (int(KEEP_BEFORE_CONTINUATION_S * SR), 200)
+    out = trim_join(tone(50, 400, 200), SR, "It is lovely!", continues=False)
+    assert edges(out) == (50, 200)
+
+
+def test_silence_and_empty_audio_pass_through():
+    assert trim_join(np.zeros(300, np.int16), SR, "uh", continues=True).size == 300
+    assert trim_join(np.zeros(0, np.int16), SR, "uh", continues=True).size == 0
+
+
+@pytest.mark.models
+async def test_piper_cut_sentence_has_no_hole_at_the_cut():
+    from tts.piper_voice import PiperSynthesizer
+
+    voice = PiperSynthesizer()
+
+    async def texts():
+        for t in ("The capital of France", "is Paris.", "It is lovely."):
+            yield t
+
+    chunks = [c async for c in voice.stream(texts())]
+    sr = voice.sample_rate
+    quiet = 0.01 * 32768
+
+    def lead_tail_ms(x):
+        loud = np.flatnonzero(np.abs(x.astype(np.float32)) > quiet)
+        return loud[0] / sr * 1000, (x.size - 1 - loud[-1]) / sr * 1000
+
+    (_, tail0), (lead1, tail1), (lead2, _) = (lead_tail_ms(c.pcm) for c in chunks)
+    assert tail0 + lead1 <= 60, (tail0, lead1)  # the cut inside the sentence: no audible hole
+    assert tail1 + lead2 >= 120, (tail1, lead2)  # between sentences: the voice's own pause stays
+    assert [c.text for c in chunks] == ["The capital of France", "is Paris.", "It is lovely."]
