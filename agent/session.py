@@ -222,6 +222,7 @@ class Session:
         self._early_n: tuple[float, int] | None = None  # last early decode: (speech end, samples)
         self._asr_samples = 0  # samples of this utterance sent to the recognizer
         self._eou_task: asyncio.Task | None = None
+        self._warm_task: asyncio.Task | None = None
         # (turn, heard, heard before the cut clause, text from the cut clause on)
         self._resumable: tuple[TurnRecord, str, str, str] | None = None
         self._chunk_ids = itertools.count()
@@ -252,7 +253,7 @@ class Session:
                     self._on_client_event(event)
         finally:
             await self._cancel_branch("session ended")
-            tasks = [t for t in (self._reply_task, self._eou_task, asr_task) if t is not None]
+            tasks = [t for t in (self._reply_task, self._eou_task, self._warm_task, asr_task) if t is not None]
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -551,6 +552,21 @@ class Session:
             del self.history[:len(self.history) - keep]
             if self.history and self.history[0]["role"] == "assistant":
                 del self.history[0]  # never start the context with an answer
+            self._warm_prompt_cache()
+
+    def _warm_prompt_cache(self) -> None:
+        """The cut history is a new prompt prefix: have the LLM evaluate it now, while the user
+        speaks, instead of in the next turn's time to first token."""
+        warm = getattr(self.models.llm, "warm", None)
+        if warm is None or (self._warm_task is not None and not self._warm_task.done()):
+            return
+        messages = [{"role": "system", "content": self.config.system_prompt}, *self.history]
+
+        async def run() -> None:
+            with self.tracer.span("llm", "warm_cache", turn=len(self.records), messages=len(messages)):
+                await asyncio.to_thread(warm, messages)
+
+        self._warm_task = asyncio.create_task(run(), name="llm-warm")
 
     # ---- reply ------------------------------------------------------------------------------
     async def _reply(self, rec: TurnRecord, user_text: str, gate: asyncio.Event | None = None,

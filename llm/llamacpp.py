@@ -37,6 +37,12 @@ class LlamaCppChat:
             finally:
                 chunks.close()
 
+    def warm(self, messages: list[Message]) -> None:
+        # llama.cpp reuses the longest common prefix of its evaluated tokens with the next
+        # prompt; one generated token is the cheapest way to get the prefix evaluated.
+        with self._lock:
+            self._llm.create_chat_completion(messages=list(messages), max_tokens=1, temperature=0.0)
+
     def stream(self, messages: list[Message], max_tokens: int | None = None) -> AsyncIterator[str]:
         # Return the bridge's generator itself (not a wrapper around it), so that closing the
         # stream closes the bridge at once and the worker thread has stopped when aclose() returns.

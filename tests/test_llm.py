@@ -61,3 +61,21 @@ async def test_task_cancel_reaches_the_worker(model):
     assert len(produced) == n  # nothing more arrives after the cancel
     assert model._lock.acquire(timeout=5), "the generation thread kept the model"
     model._lock.release()
+
+
+async def test_warm_evaluates_the_prefix_the_next_prompt_starts_with(model):
+    # after a history cut the session warms the new prefix; llama.cpp then reuses every warmed
+    # token but the generation header and the one token generated
+    prefix = [SYSTEM, {"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}]
+    model.warm(prefix)
+    warmed = list(model._llm._input_ids)
+    assert len(warmed) > 20
+    async for _ in model.stream([*prefix, {"role": "user", "content": "And a fruit?"}], max_tokens=4):
+        pass
+    after = list(model._llm._input_ids)
+    shared = next((i for i, (a, b) in enumerate(zip(warmed, after)) if a != b), min(len(warmed), len(after)))
+    assert shared >= len(warmed) - 5, (shared, len(warmed))
+    # a different system prompt shares almost nothing: the check can fail
+    model.warm([{"role": "system", "content": "Zebra."}, *prefix[1:]])
+    other = list(model._llm._input_ids)
+    assert next(i for i, (a, b) in enumerate(zip(other, after)) if a != b) < len(warmed) // 2
