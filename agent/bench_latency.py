@@ -324,7 +324,9 @@ def print_mode(res: dict, out=None) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="duplex bench latency", description=__doc__.split("\n")[0])
     p.add_argument("--asr", default="whisper-tiny.en")
-    p.add_argument("--llm", default="qwen2.5-0.5b", help="smollm2-135m | qwen2.5-0.5b | qwen2.5-1.5b | path.gguf")
+    p.add_argument("--llm", default="qwen2.5-0.5b",
+                   help="smollm2-135m | qwen2.5-0.5b | qwen2.5-1.5b | path.gguf | http://host:port/v1")
+    p.add_argument("--llm-model", default=None, help="model name at an OpenAI-compatible --llm URL")
     p.add_argument("--tts", default="piper", help="piper | voice.onnx | espeak-ng | flite")
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--max-tokens", type=int, default=80)
@@ -356,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         script = build_script(work, args.dev_dir or default_dev_dir(), args.turns)
         t = time.perf_counter()
-        models = load_models(ModelChoice(asr=args.asr, llm=args.llm, tts=args.tts))
+        models = load_models(ModelChoice(asr=args.asr, llm=args.llm, llm_model=args.llm_model, tts=args.tts))
         load_s = time.perf_counter() - t
         if not args.no_warmup:
             asyncio.run(warm_up(models))

@@ -13,7 +13,10 @@ import sys
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--asr", default="whisper-tiny.en", help="recognizer (default: embedded Whisper tiny.en)")
     p.add_argument("--llm", default="qwen2.5-0.5b",
-                   help="smollm2-135m | qwen2.5-0.5b (default) | qwen2.5-1.5b | path to a .gguf")
+                   help="smollm2-135m | qwen2.5-0.5b (default) | qwen2.5-1.5b | path to a .gguf | "
+                        "URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--llm-model", default=None,
+                   help="model name at an OpenAI-compatible --llm URL (default: the first it lists)")
     p.add_argument("--tts", default="piper", help="piper (default, joe voice) | voice.onnx | espeak-ng | flite")
     p.add_argument("--system-prompt", default=None, help="system message for the LLM")
     p.add_argument("--mode", choices=["concurrent", "waterfall"], default="concurrent",
@@ -70,7 +73,7 @@ def _profiling(args, trace_path: str | None):
 def _load(args):
     from agent.models import ModelChoice, load_models
 
-    return load_models(ModelChoice(asr=args.asr, llm=args.llm, tts=args.tts,
+    return load_models(ModelChoice(asr=args.asr, llm=args.llm, llm_model=args.llm_model, tts=args.tts,
                                    eou=None if args.no_eou else "smart-turn-v3.2"))
 
 
@@ -109,7 +112,7 @@ def cmd_run(args) -> int:
     models = _load(args)
     turns = [load_turn(*_parse_input(p)) for p in args.input]
     transport = WavConversationTransport(turns, models.tts.sample_rate, args.output, gap_s=args.gap,
-                                         realtime=not args.fast)
+                                         reply_timeout_s=args.reply_timeout, realtime=not args.fast)
     from agent.trace import Tracer
 
     tracer = Tracer("run", capacity=1 << 18) if args.trace else None
@@ -189,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", required=True, help="WAV of the bot's channel, aligned with the input")
     p.add_argument("--log", help="write per-turn JSON lines here too")
     p.add_argument("--gap", type=float, default=1.0, help="silence after a reply before the next input (s)")
+    p.add_argument("--reply-timeout", type=float, default=30.0,
+                   help="give up waiting for a reply after this many seconds (then the next input plays)")
     p.add_argument("--fast", action="store_true", help="feed input as fast as possible (latencies meaningless)")
     p.add_argument("--trace", help="write a Perfetto trace here (and a JSONL event log beside it)")
     p.add_argument("--far-end-log", help="write what the far end received and played (JSON lines)")

@@ -19,7 +19,8 @@ log = logging.getLogger("duplex.models")
 @dataclass
 class ModelChoice:
     asr: str = "whisper-tiny.en"  # or another faster-whisper size / CTranslate2 dir (hub ids need internet)
-    llm: str = "qwen2.5-0.5b"  # smollm2-135m | qwen2.5-0.5b | qwen2.5-1.5b | path.gguf
+    llm: str = "qwen2.5-0.5b"  # smollm2-135m | qwen2.5-0.5b | qwen2.5-1.5b | path.gguf | http://host:port/v1
+    llm_model: str | None = None  # the model name at an OpenAI-compatible endpoint
     tts: str = "piper"  # piper | path/to/voice.onnx | espeak-ng | flite
     eou: str | None = "smart-turn-v3.2"  # end-of-turn model; None: silence alone ends turns
     llm_threads: int | None = None
@@ -34,7 +35,7 @@ def load_models(choice: ModelChoice | None = None) -> Models:
     choice = choice or ModelChoice()
     t = time.perf_counter()
     asr = load_recognizer(choice.asr)
-    llm = load_chat_model(choice.llm, n_threads=choice.llm_threads)
+    llm = load_chat_model(choice.llm, model=choice.llm_model, n_threads=choice.llm_threads)
     tts = load_synthesizer(choice.tts)
     vad = SileroVAD()
     eou = None

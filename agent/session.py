@@ -461,7 +461,8 @@ class Session:
             return
         self._resumable = None  # the user really spoke: the interrupted reply is gone
         branch = self._branch
-        if branch is not None and same_transcript(branch.transcript, rec.user_text):
+        # a branch whose task already ended has failed (a live one waits at its gate)
+        if branch is not None and same_transcript(branch.transcript, rec.user_text) and not branch.task.done():
             self._branch = None
             self.spec.committed += 1
             self.tracer.instant("speculation", "commit", turn=rec.index, flow=rec.index + 1)
@@ -572,7 +573,28 @@ class Session:
     async def _reply(self, rec: TurnRecord, user_text: str, gate: asyncio.Event | None = None,
                      fixed_text: str | None = None, spoken_prefix: str = "") -> None:
         """LLM -> TTS -> playout for one answer. With `gate`, audio is held until the gate opens
-        (speculation). With `fixed_text`, that text is spoken instead of asking the LLM."""
+        (speculation). With `fixed_text`, that text is spoken instead of asking the LLM.
+        A model that fails (an LLM server gone, a voice that raises) ends the reply with an
+        `error` event; the session goes on listening."""
+        try:
+            await self._reply_stages(rec, user_text, gate, fixed_text, spoken_prefix)
+        except Exception as e:  # noqa: BLE001 - reported to the client, the session survives
+            while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
+                e = e.exceptions[0]  # the TaskGroup's one failing stage
+            log.warning("turn %d: reply failed: %s", rec.index, e)
+            self.tracer.instant("turn", "reply_error", turn=rec.index, error=str(e)[:200])
+            if gate is not None and not gate.is_set():
+                return  # an uncommitted speculation: the turn's end starts a fresh reply
+            rec.reply_text = "".join(rec.tokens).strip()
+            self._playout = None
+            self._reply_task = None
+            self._reply_rec = None
+            self.turns.on_reply_finished(time.perf_counter())
+            await self._send({"type": "error", "code": "reply_failed", "message": str(e)})
+            await self._send_state()
+
+    async def _reply_stages(self, rec: TurnRecord, user_text: str, gate: asyncio.Event | None,
+                            fixed_text: str | None, spoken_prefix: str) -> None:
         messages: list[Message] = [{"role": "system", "content": self.config.system_prompt},
                                    *self.history, {"role": "user", "content": user_text}]
         playout = Playout(self.transport, self.config.playout_lead_s, self.config.piece_s,

@@ -1,0 +1,69 @@
+"""Any OpenAI-compatible chat endpoint (llama.cpp's server, vLLM, Ollama, OpenAI itself), streamed.
+
+`--llm http://127.0.0.1:8000/v1` selects it. The model name comes from `--llm-model` (or
+`DUPLEX_LLM_MODEL`); without one, the first model the server lists under `/v1/models` is used,
+which is what single-model servers (llama.cpp, vLLM) expect. The key comes from
+`OPENAI_API_KEY` when the server needs one.
+
+Generation is network I/O on the event loop (nothing blocks it). Closing the stream closes the
+HTTP response, which is how these servers learn to stop generating; no text is buffered beyond
+the chunk being read.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+
+from llm.base import Message
+
+
+class LLMError(RuntimeError):
+    """The LLM could not answer: unreachable, refused, or failed mid-answer."""
+
+
+def is_endpoint(name: str) -> bool:
+    return name.startswith(("http://", "https://"))
+
+
+class OpenAICompatChat:
+    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None,
+                 temperature: float = 0.2, max_tokens: int = 96, timeout_s: float = 30.0):
+        from openai import AsyncOpenAI
+
+        self.base_url = base_url.rstrip("/")
+        self.model = model or os.environ.get("DUPLEX_LLM_MODEL") or None
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.name = f"{self.model or 'openai-compatible'} @ {self.base_url}"
+        self._client = AsyncOpenAI(base_url=self.base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "none",
+                                   timeout=timeout_s, max_retries=0)
+
+    async def _model_name(self) -> str:
+        if self.model is None:
+            models = await self._client.models.list()
+            ids = [m.id for m in models.data]
+            if not ids:
+                raise LLMError(f"{self.base_url}/models lists no model; pass --llm-model")
+            self.model = ids[0]
+            self.name = f"{self.model} @ {self.base_url}"
+        return self.model
+
+    async def stream(self, messages: list[Message], max_tokens: int | None = None) -> AsyncIterator[str]:
+        import openai
+
+        try:
+            response = await self._client.chat.completions.create(
+                model=await self._model_name(), messages=list(messages), stream=True,
+                max_tokens=max_tokens or self.max_tokens, temperature=self.temperature)
+        except openai.APIConnectionError as e:
+            raise LLMError(f"cannot reach the LLM server at {self.base_url}: {e}") from e
+        except openai.APIStatusError as e:
+            raise LLMError(f"the LLM server at {self.base_url} answered HTTP {e.status_code}: {e.message[:500]}") from e
+        try:
+            async for chunk in response:
+                if chunk.choices and (text := chunk.choices[0].delta.content):
+                    yield text
+        except openai.APIError as e:
+            raise LLMError(f"the LLM stream from {self.base_url} failed: {e}") from e
+        finally:
+            await response.close()
