@@ -52,7 +52,7 @@ class SessionConfig:
     text_queue: int = 8  # LLM -> TTS chunks in flight
     asr_queue: int = 1024  # audio chunks waiting for the recognizer (~20 s of 20 ms frames)
     speculate: bool = True  # start ASR final + LLM + TTS at a pause, before the turn is confirmed
-    max_speculations_per_turn: int = 3  # silences decoded (and speculated on) per user turn
+    max_speculations_per_turn: int = 3  # early decodes run (and speculated on) per user turn
     # audio after the end of speech given to the final decode; at most the turn machine's
     # decode_after_s plus one VAD frame, so the early decode and the final see the same audio
     final_pad_s: float = 0.12
@@ -317,13 +317,11 @@ class Session:
             await self._send_state()
         elif isinstance(cmd, SpeechStopped):
             # decode as soon as the user stops, in both modes (a streaming recognizer would have
-            # this text anyway); the final decode over the same audio reuses it
-            if self._pause_decodes < self.config.max_speculations_per_turn:
-                self._pause_decodes += 1
-                # the audio the recognizer has by now; the final decode asks for the same samples
-                n = min(self._samples_until(cmd.t_speech_end), self._asr_samples)
-                self._early_n = (cmd.t_speech_end, n)
-                await self._asr_put(("pause_decode", (cmd.t_speech_end, n)))
+            # this text anyway); the final decode over the same audio reuses it. The audio is what
+            # the recognizer has by now; the final decode asks for the same samples.
+            n = min(self._samples_until(cmd.t_speech_end), self._asr_samples)
+            self._early_n = (cmd.t_speech_end, n)
+            await self._asr_put(("pause_decode", (cmd.t_speech_end, n)))
         elif isinstance(cmd, SpeechPaused):
             self.tracer.instant("turn", "pause", turn=turn)
             self._paused_at = cmd.t_speech_end
@@ -416,6 +414,12 @@ class Session:
                         await self._run_commands(self.turns.on_words(self._t_audio, len(hyp.text.split())))
             elif op == "pause_decode":
                 t_end, n = arg
+                # skip it when a later silence superseded it, when the user is speaking again
+                # (their next silence asks anew), or when this turn's decodes are spent
+                if (self._early_n is None or self._early_n[0] != t_end or self.turns.in_speech
+                        or self._pause_decodes >= self.config.max_speculations_per_turn):
+                    continue
+                self._pause_decodes += 1
                 hyp = await asyncio.to_thread(self._traced, "asr", "pause_decode", lambda: self._asr.decode(n))
                 self._decoded = (t_end, hyp)
                 if self._paused_at == t_end:  # the pause came while decoding
