@@ -23,3 +23,20 @@ def test_stream_resampler_rejects_bad_rates():
 
     with pytest.raises(ValueError):
         StreamResampler(0, 16000)
+
+
+async def test_wav_far_end_reports_a_piece_before_the_mic_frame_it_started_in(tmp_path):
+    # the session must know a piece was played before it handles the frame that barges in over it
+    from transport.base import AudioIn, AudioOut, Played
+    from transport.wavfile import ScriptedTurn, WavConversationTransport
+
+    t = WavConversationTransport([ScriptedTurn(np.zeros(16000, np.float32), 16000, "q")], 16000,
+                                 str(tmp_path / "out.wav"), realtime=False)
+    first = await t.receive()
+    assert isinstance(first, AudioIn)
+    await t.send_audio(AudioOut(np.full(1600, 1000, np.int16), 16000, chunk_id=7, text="a"))
+    events = [await t.receive() for _ in range(4)]
+    kinds = [(type(e).__name__, getattr(e, "event", None)) for e in events]
+    assert kinds[:2] == [("Played", "start"), ("AudioIn", None)], kinds
+    assert events[0].chunk_id == 7
+    t.close()

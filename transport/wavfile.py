@@ -150,7 +150,13 @@ class WavConversationTransport:
             await asyncio.sleep(0)
         self._frames_sent += 1
         self._advance_playout(self.now())
-        return AudioIn(frame, self.input_rate)
+        audio = AudioIn(frame, self.input_rate)
+        if self._events:
+            # playback marks of this same 20 ms come first: what the far end played while this
+            # frame was spoken is known before the frame is (a barge-in in it counts those words)
+            self._events.append(audio)
+            return self._events.popleft()
+        return audio
 
     # output ------------------------------------------------------------------------------
     async def send_audio(self, chunk: AudioOut) -> None:
