@@ -239,6 +239,7 @@ class Session:
     # ---- main loop --------------------------------------------------------------------------
     async def run(self) -> None:
         asr_task = self._asr_task = asyncio.create_task(self._asr_loop(), name="asr")
+        self._warm_prompt_cache()  # the system prompt, before the first turn needs it
         try:
             await self._send_state()
             while True:
@@ -560,8 +561,8 @@ class Session:
             self._warm_prompt_cache()
 
     def _warm_prompt_cache(self) -> None:
-        """The cut history is a new prompt prefix: have the LLM evaluate it now, while the user
-        speaks, instead of in the next turn's time to first token."""
+        """A new prompt prefix (the session's start, or the history just cut): have the LLM
+        evaluate it now, while the user speaks, instead of in the next turn's time to first token."""
         warm = getattr(self.models.llm, "warm", None)
         if warm is None or (self._warm_task is not None and not self._warm_task.done()):
             return
