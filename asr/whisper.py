@@ -10,8 +10,9 @@ a decode's cost (~170 ms of ~290 ms here for a 3 s clip). CTranslate2 accepts a 
 (as whisper.cpp's `--audio-ctx` does), so by default the window is the utterance plus
 `window_pad_s` of padding (whole seconds, at most 30 s): a 3 s utterance decodes in about half
 the time. Less padding than ~10 s makes tiny.en loop on short, list-like clips ("5 5 5 5 ...");
-measured on `../shared/speech/dev` with our loop: full window WER 5.9 %, +10 s 6.9 %, +5 s 20 %.
-`window_pad_s=None` gives faster-whisper's own full-window decode.
+WER on `../shared/speech/dev` (tests/test_asr_wer.py): 6.9 % with the default +10 s, 5.0 % with
+faster-whisper's full window; with +3 to +5 s it was 20-35 %. `window_pad_s=None` gives
+faster-whisper's own full-window decode.
 """
 from __future__ import annotations
 
