@@ -591,10 +591,7 @@ class Session:
             if gate is not None and not gate.is_set():
                 return  # an uncommitted speculation: the turn's end starts a fresh reply
             rec.reply_text = "".join(rec.tokens).strip()
-            self._playout = None
-            self._reply_task = None
-            self._reply_rec = None
-            self.turns.on_reply_finished(time.perf_counter())
+            self._reply_ended()
             await self._send({"type": "error", "code": "reply_failed", "message": str(e)})
             await self._send_state()
 
@@ -697,14 +694,18 @@ class Session:
         spoken = (spoken_prefix + " " + rec.reply_text).strip()  # a resumed reply follows what was heard
         rec.heard_text = spoken
         self._remember(rec.user_text, spoken)
-        self._playout = None
-        self._reply_task = None
-        self._reply_rec = None
         self.tracer.instant("turn", "turn_end", turn=rec.index)
-        self.turns.on_reply_finished(time.perf_counter())
+        self._reply_ended()
         await self._send({"type": "bot_done", "turn": rec.index, "text": rec.reply_text})
         await self._send({"type": "latency", **rec.summary()})
         await self._send_state()
+
+    def _reply_ended(self) -> None:
+        """The reply in progress is over (played out, or failed): nothing plays, listen again."""
+        self._playout = None
+        self._reply_task = None
+        self._reply_rec = None
+        self.turns.on_reply_finished(time.perf_counter())
 
     async def _play(self, rec: TurnRecord, playout: Playout, chunk: AudioChunk, gate: asyncio.Event | None) -> None:
         if gate is not None and not gate.is_set():

@@ -58,7 +58,7 @@ class WhisperRecognizer:
         # CTranslate2 models are thread-safe for concurrent calls, but 2-core machines gain
         # nothing from overlapping decodes; serialise them so one stream cannot starve another.
         self._lock = threading.Lock()
-        self._tok = None  # faster-whisper Tokenizer, made on first use
+        self._tok = None  # (faster-whisper Tokenizer, suppressed tokens), made on first use
 
     @classmethod
     def load(cls, name: str = "whisper-tiny.en", device: str = "cpu", compute_type: str = "float32",
@@ -82,12 +82,11 @@ class WhisperRecognizer:
                 return self._transcribe_window(audio, word_timestamps)
         with self._lock:
             # One greedy pass with a token budget that follows the audio's length: Whisper's
-            # temperature fallback re-decodes up to six times, and on noise it can loop to 448
-            # tokens (seconds of CPU); nobody says more than ~12 tokens a second.
+            # temperature fallback re-decodes up to six times.
             segments, _ = self.model.transcribe(
                 audio, language=self.options.language, beam_size=self.options.beam_size,
                 word_timestamps=word_timestamps, vad_filter=False, temperature=0.0,
-                max_new_tokens=min(440, int(16 + 12 * audio.size / SAMPLE_RATE)),
+                max_new_tokens=_token_budget(audio),
                 condition_on_previous_text=False, without_timestamps=not word_timestamps,
             )
             # without the fallback, a looping hypothesis is dropped, as Whisper's own rule would
@@ -100,12 +99,11 @@ class WhisperRecognizer:
                     words.append(Word(w.word.strip(), float(w.start), float(w.end)))
         return text, tuple(words)
 
-
     def _transcribe_window(self, audio: np.ndarray, word_timestamps: bool) -> tuple[str, tuple[Word, ...]]:
         """One greedy decode with the encoder window cut to the audio plus `window_pad_s`."""
-        from faster_whisper.transcribe import get_compression_ratio, get_suppressed_tokens, merge_punctuations
+        from faster_whisper.transcribe import get_compression_ratio, merge_punctuations
 
-        model, tok = self.model, self._tokenizer()
+        model, (tok, suppress) = self.model, self._tokenizer()
         feats = model.feature_extractor(audio)  # (mels, frames), 100 frames a second
         frames = feats.shape[-1]
         limit = model.feature_extractor.nb_max_frames
@@ -115,10 +113,9 @@ class WhisperRecognizer:
         x[:, :min(frames, window)] = feats[:, :window]
         encoded = model.encode(x)
         prompt = [*tok.sot_sequence, tok.no_timestamps]
-        budget = min(440, int(16 + 12 * audio.size / SAMPLE_RATE))  # as in the full-window path
         result = model.model.generate(
-            encoded, [prompt], beam_size=self.options.beam_size, max_length=len(prompt) + budget,
-            suppress_blank=True, suppress_tokens=list(get_suppressed_tokens(tok, [-1])),
+            encoded, [prompt], beam_size=self.options.beam_size, max_length=len(prompt) + _token_budget(audio),
+            suppress_blank=True, suppress_tokens=suppress,
             return_scores=True, return_no_speech_prob=True)[0]
         tokens = [t for t in result.sequences_ids[0] if t < tok.eot]
         text = tok.decode(tokens).strip()
@@ -134,12 +131,21 @@ class WhisperRecognizer:
         return text, words
 
     def _tokenizer(self):
+        """faster-whisper's tokenizer and the tokens Whisper never emits in speech, made once."""
         if self._tok is None:
             from faster_whisper.tokenizer import Tokenizer
+            from faster_whisper.transcribe import get_suppressed_tokens
 
-            self._tok = Tokenizer(self.model.hf_tokenizer, self.model.model.is_multilingual,
-                                  task="transcribe", language=self.options.language)
+            tok = Tokenizer(self.model.hf_tokenizer, self.model.model.is_multilingual,
+                            task="transcribe", language=self.options.language)
+            self._tok = (tok, list(get_suppressed_tokens(tok, [-1])))
         return self._tok
+
+
+def _token_budget(audio: np.ndarray) -> int:
+    """Most tokens one decode may generate: nobody says more than ~12 tokens a second, and a
+    looping hypothesis must not run to Whisper's 448 (seconds of CPU on noise)."""
+    return min(440, int(16 + 12 * audio.size / SAMPLE_RATE))
 
 
 class WhisperStream:

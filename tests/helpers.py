@@ -34,6 +34,24 @@ def silence(seconds: float, rate: int = 16000) -> np.ndarray:
     return np.zeros(int(seconds * rate), dtype=np.float32)
 
 
+# a request that runs long, for checking that closing a chat stream early stops it
+LONG_STORY = [{"role": "system", "content": "You write very long stories."},
+              {"role": "user", "content": "Tell me a very long story about a dragon."}]
+
+
+async def read_then_close(stream, n: int) -> int:
+    """Read `n` pieces of a chat model's stream, then close it; return how many were read."""
+    import contextlib
+
+    seen = 0
+    async with contextlib.aclosing(stream) as pieces:
+        async for _ in pieces:
+            seen += 1
+            if seen == n:
+                break
+    return seen
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

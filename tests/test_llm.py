@@ -5,6 +5,8 @@ import time
 
 import pytest
 
+from helpers import LONG_STORY, read_then_close
+
 pytestmark = pytest.mark.models
 SYSTEM = {"role": "system", "content": "Answer in one short English sentence."}
 
@@ -22,14 +24,7 @@ async def test_streams_an_answer(model):
 
 
 async def test_cancel_stops_generation_within_one_token(model):
-    msgs = [{"role": "system", "content": "You write very long stories."},
-            {"role": "user", "content": "Tell me a very long story about a dragon."}]
-    seen = 0
-    async with contextlib.aclosing(model.stream(msgs, max_tokens=400)) as toks:
-        async for _ in toks:
-            seen += 1
-            if seen == 5:
-                break
+    assert await read_then_close(model.stream(LONG_STORY, max_tokens=400), 5) == 5
     # after aclose the worker has stopped and released the model: a new request starts at once
     t = time.perf_counter()
     first = None

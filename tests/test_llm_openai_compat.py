@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from helpers import free_port, say, silence
+from helpers import LONG_STORY, free_port, read_then_close, say, silence
 from llm.openai_compat import LLMError, OpenAICompatChat
 
 pytestmark = pytest.mark.models
@@ -54,15 +54,7 @@ async def test_streams_an_answer_and_finds_the_model_name(server_url):
 
 async def test_closing_early_leaves_the_server_serving(server_url):
     llm = OpenAICompatChat(server_url)
-    msgs = [{"role": "system", "content": "You write very long stories."},
-            {"role": "user", "content": "Tell me a very long story about a dragon."}]
-    seen = 0
-    async with contextlib.aclosing(llm.stream(msgs, max_tokens=400)) as toks:
-        async for _ in toks:
-            seen += 1
-            if seen == 3:
-                break
-    assert seen == 3
+    assert await read_then_close(llm.stream(LONG_STORY, max_tokens=400), 3) == 3
     again = [p async for p in llm.stream([SYSTEM, {"role": "user", "content": "Say hello."}], max_tokens=8)]
     assert "".join(again).strip()
 

@@ -49,8 +49,9 @@ class SentenceSynthesizer:
             text = text.strip()
             if not any(ch.isalnum() for ch in text):
                 continue
-            pcm = await asyncio.to_thread(self.synthesize, text)
-            pcm = trim_join(pcm, self.sample_rate, text, continues)  # no hole where a sentence was cut
+            # trimmed so there is no hole where a sentence was cut; both in the worker thread
+            pcm = await asyncio.to_thread(
+                lambda t=text, c=continues: trim_join(self.synthesize(t), self.sample_rate, t, c))
             continues = not ends_sentence(text)
             if pcm.size:
                 yield AudioChunk(pcm, self.sample_rate, text)

@@ -4,13 +4,19 @@ from __future__ import annotations
 import re
 
 _SENTENCE_END = re.compile(r"([.!?]+[\"')\]]*)(\s+|$)")
-_CLAUSE_END = re.compile(r"([,;:\u2014]|\s-\s)(\s+)")
+_CLAUSE_MARKS = ",;:\u2014"
+_CLAUSE_END = re.compile(rf"([{_CLAUSE_MARKS}]|\s-\s)(\s+)")
 _ABBREVIATIONS = {"mr.", "mrs.", "ms.", "dr.", "st.", "vs.", "e.g.", "i.e.", "etc.", "no."}
 
 
 def ends_sentence(text: str) -> bool:
     """The text ends with sentence punctuation (closing quotes and brackets allowed)."""
     return text.rstrip().rstrip("\"')]").endswith((".", "!", "?"))
+
+
+def ends_clause(text: str) -> bool:
+    """The text ends with a clause mark (the marks the chunker cuts at)."""
+    return text.rstrip().endswith((*_CLAUSE_MARKS, "-"))
 
 
 class TextChunker:

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from tts.chunking import ends_sentence
+from tts.chunking import ends_clause, ends_sentence
 
 SILENCE = 0.01  # |amplitude| (of full scale) below which a sample counts as silence
 KEEP_AFTER_CLAUSE_S = 0.12  # a comma's breath
 KEEP_INSIDE_PHRASE_S = 0.03
 KEEP_BEFORE_CONTINUATION_S = 0.02
-
-
-def ends_clause(text: str) -> bool:
-    return text.rstrip().endswith((",", ";", ":", "\u2014", "-"))
 
 
 def trim_join(pcm: np.ndarray, sample_rate: int, text: str, continues: bool) -> np.ndarray:
