@@ -13,6 +13,11 @@ the time. Less padding than ~10 s makes tiny.en loop on short, list-like clips (
 WER on `../shared/speech/dev` (tests/test_asr_wer.py): 6.9 % with the default +10 s, 5.0 % with
 faster-whisper's full window; with +3 to +5 s it was 20-35 %. `window_pad_s=None` gives
 faster-whisper's own full-window decode.
+
+Weights run as int8 by default (CTranslate2 quantises the float32 model at load time; this CPU
+has AVX-512 VNNI): the same 6.9 % dev WER as float32, and a 2-3 s utterance decodes in ~75-85 ms
+instead of ~120-140 ms (12 dev clips, one timed call each after a warm-up). `compute_type`
+takes any CTranslate2 type ("float32", "int8_float32", "float16" on a GPU, ...).
 """
 from __future__ import annotations
 
@@ -61,7 +66,7 @@ class WhisperRecognizer:
         self._tok = None  # (faster-whisper Tokenizer, suppressed tokens), made on first use
 
     @classmethod
-    def load(cls, name: str = "whisper-tiny.en", device: str = "cpu", compute_type: str = "float32",
+    def load(cls, name: str = "whisper-tiny.en", device: str = "cpu", compute_type: str = "int8",
              cpu_threads: int = 0, options: WhisperOptions | None = None) -> "WhisperRecognizer":
         from faster_whisper import WhisperModel
 

@@ -3,6 +3,11 @@ from asyncio through a bounded queue. Shared by the model packages (llm, tts).
 
 Cancellation: when the consumer stops (break, aclose, task cancel) the worker sees a stop flag
 before producing its next item, so a generation stops within one token.
+
+On demand (`on_demand=True`): the worker computes an item only once the consumer has asked for
+it, so a consumer that stops reading for a while also stops the computation (a language model
+gives the cores back to the voice while the first audio is synthesized). Throughput is the
+same as long as the consumer asks again at once, which an `async for` does.
 """
 from __future__ import annotations
 
@@ -21,11 +26,18 @@ class _Error:
 
 
 async def iterate_in_thread(make_iter: Callable[[threading.Event], Iterator[T]],
-                            maxsize: int = 16) -> AsyncIterator[T]:
+                            maxsize: int = 16, on_demand: bool = False) -> AsyncIterator[T]:
     """Yield the items of `make_iter(stop_event)` as they are produced in a worker thread."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue(maxsize=maxsize)
     stop = threading.Event()
+    asks = threading.Semaphore(0)  # on demand: items the consumer has asked for, not yet made
+
+    def asked() -> bool:
+        while not asks.acquire(timeout=0.1):
+            if stop.is_set():
+                return False
+        return not stop.is_set()
 
     def put(item) -> bool:
         if stop.is_set():
@@ -43,18 +55,29 @@ async def iterate_in_thread(make_iter: Callable[[threading.Event], Iterator[T]],
                 return False
 
     def work() -> None:
+        items = None
         try:
-            for item in make_iter(stop):
-                if not put(item):
+            items = iter(make_iter(stop))
+            while not on_demand or asked():
+                item = next(items, _DONE)
+                if item is _DONE:
                     break
+                if not put(item):
+                    return
         except BaseException as exc:  # hand the error to the consumer
             put(_Error(exc))
             return
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # a generator releases what it holds (a model lock) here, not at GC
         put(_DONE)
 
     worker = loop.run_in_executor(None, work)
     try:
         while True:
+            if on_demand:
+                asks.release()
             item = await queue.get()
             if item is _DONE:
                 break

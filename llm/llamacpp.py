@@ -46,5 +46,7 @@ class LlamaCppChat:
     def stream(self, messages: list[Message], max_tokens: int | None = None) -> AsyncIterator[str]:
         # Return the bridge's generator itself (not a wrapper around it), so that closing the
         # stream closes the bridge at once and the worker thread has stopped when aclose() returns.
+        # On demand: a reader that stops reading for a while (the session, while the first audio
+        # is synthesized) pauses the model and frees the CPU.
         n = max_tokens or self.max_tokens
-        return iterate_in_thread(lambda stop: self._generate(messages, n, stop), maxsize=64)
+        return iterate_in_thread(lambda stop: self._generate(messages, n, stop), maxsize=2, on_demand=True)

@@ -1,0 +1,49 @@
+"""llm.bridge: a blocking generator consumed from asyncio through a bounded queue."""
+import asyncio
+import contextlib
+import threading
+
+from llm.bridge import iterate_in_thread
+
+
+def counting(made: list[int], n: int = 50):
+    def make(stop: threading.Event):
+        for i in range(n):
+            made.append(i)
+            yield i
+    return make
+
+
+async def _read_one_then_wait(on_demand: bool) -> list[int]:
+    made: list[int] = []
+    async with contextlib.aclosing(iterate_in_thread(counting(made), maxsize=4, on_demand=on_demand)) as items:
+        assert await anext(items) == 0
+        await asyncio.sleep(0.3)  # the reader is busy (the session: synthesizing the first audio)
+        seen = list(made)
+        assert [x async for x in items] == list(range(1, 50))  # nothing lost either way
+    return seen
+
+
+async def test_on_demand_computes_nothing_the_reader_has_not_asked_for():
+    assert await _read_one_then_wait(on_demand=True) == [0]
+
+
+async def test_without_on_demand_the_worker_runs_ahead_to_fill_the_queue():
+    # the contrast: a plain bounded queue lets the producer run up to maxsize (+1 in hand) ahead
+    assert len(await _read_one_then_wait(on_demand=False)) >= 5
+
+
+async def test_closing_early_stops_the_worker_and_closes_its_generator():
+    closed = threading.Event()
+
+    def gen(stop):
+        try:
+            for i in range(1000):
+                yield i
+        finally:
+            closed.set()
+    async with contextlib.aclosing(iterate_in_thread(gen, maxsize=2, on_demand=True)) as items:
+        async for x in items:
+            if x == 3:
+                break
+    assert closed.wait(2.0)
