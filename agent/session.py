@@ -222,6 +222,7 @@ class Session:
         self._early_n: tuple[float, int] | None = None  # last early decode: (speech end, samples)
         self._asr_samples = 0  # samples of this utterance sent to the recognizer
         self._eou_task: asyncio.Task | None = None
+        self._eou_asked: float | None = None  # the silence (speech end) last asked about
         self._warm_task: asyncio.Task | None = None
         # (turn, heard, heard before the cut clause, text from the cut clause on)
         self._resumable: tuple[TurnRecord, str, str, str] | None = None
@@ -323,10 +324,11 @@ class Session:
             n = min(self._samples_until(cmd.t_speech_end), self._asr_samples)
             self._early_n = (cmd.t_speech_end, n)
             await self._asr_put(("pause_decode", (cmd.t_speech_end, n)))
+            self._start_eou_check(cmd.t_speech_end)  # its verdict waits in the turn machine for the pause
         elif isinstance(cmd, SpeechPaused):
             self.tracer.instant("turn", "pause", turn=turn)
             self._paused_at = cmd.t_speech_end
-            self._start_eou_check()
+            self._start_eou_check(cmd.t_speech_end)  # unless asked already in this silence
             await self._send_state()
             if self._decoded is not None and self._decoded[0] == cmd.t_speech_end:
                 await self._on_pause_transcript(self._decoded[1])  # decoded before the pause
@@ -352,12 +354,14 @@ class Session:
             await self._resume()
             await self._send_state()
 
-    def _start_eou_check(self) -> None:
+    def _start_eou_check(self, t_speech_end: float) -> None:
+        """Ask the end-of-turn model about the utterance up to this silence (once per silence)."""
         eou = self.models.eou
-        if eou is None or not self.config.turns.use_eou:
+        if eou is None or not self.config.turns.use_eou or self._eou_asked == t_speech_end:
             return
         if self._eou_task is not None and not self._eou_task.done():
             return
+        self._eou_asked = t_speech_end
         audio = self._recent.last(self._recent.capacity)
 
         async def check() -> None:

@@ -12,9 +12,12 @@ States::
         '------------reply played------------------------------------------------'
 
 - `decode_after_s` of silence emits `SpeechStopped`: the session decodes the utterance so far
-  at once, so its transcript is ready by the time the pause is confirmed (the decode, ~0.3 s of
+  at once, so its transcript is ready by the time the pause is confirmed (the decode, ~0.1 s of
   CPU, is the longest stage on the critical path; starting it at 0.1 s instead of at the pause
-  takes 0.1 s off every reply, at the cost of a wasted decode when the user goes on).
+  takes 0.1 s off every reply, at the cost of a wasted decode when the user goes on). The
+  session also asks the end-of-turn model then: a verdict that comes before the pause is kept
+  (`on_eou`) and acted on when the pause is confirmed, so a complete turn ends at the pause
+  instead of one model call after it. Speech that resumes drops the early verdict.
 - A *pause* (`pause_s` of silence after speech) emits `SpeechPaused`: the session speculates
   (ASR final + LLM + TTS on the transcript so far, audio held back) and asks the end-of-turn
   model. If speech resumes, `SpeechResumed` cancels the speculation.
@@ -129,6 +132,7 @@ class TurnMachine:
         self._stopped = False  # SpeechStopped sent for the current silence
         self._paused = False  # SpeechPaused sent for the current silence
         self._text_complete = False  # the transcript at this pause ends a sentence
+        self._early_eou: float | None = None  # a verdict on this silence that came before the pause
         self._interrupted_at: float | None = None  # barge-in time while its words are unknown
         self._words_since_barge_in = 0
 
@@ -146,6 +150,7 @@ class TurnMachine:
             self._speech_run += frame_s
             self._silence_run = 0.0
             self._stopped = False
+            self._early_eou = None
         else:
             if self.in_speech:
                 self._last_speech_end = t - frame_s
@@ -171,6 +176,9 @@ class TurnMachine:
                 self._paused = True
                 self._go(t, State.ENDPOINT_PENDING)
                 out.append(SpeechPaused(self._last_speech_end))
+                early, self._early_eou = self._early_eou, None
+                if early is not None:
+                    out += self.on_eou(t, early)
         elif s == State.ENDPOINT_PENDING:
             if (resume := self._check_false_interruption(t)):
                 return resume
@@ -193,9 +201,14 @@ class TurnMachine:
         return out
 
     def on_eou(self, t: float, probability: float) -> list[Command]:
-        """The end-of-turn model's verdict on the utterance up to the last pause."""
-        if self.state == State.ENDPOINT_PENDING and not self.in_speech and probability >= self.config.eou_threshold:
+        """The end-of-turn model's verdict on the utterance up to the current silence. Before the
+        pause (asked at `SpeechStopped`) it is kept until the pause is confirmed."""
+        if self.in_speech:
+            return []
+        if self.state == State.ENDPOINT_PENDING and probability >= self.config.eou_threshold:
             return self._end_turn(t, self._last_speech_end)
+        if self.state in (State.USER_SPEAKING, State.INTERRUPTED) and self._stopped and not self._paused:
+            self._early_eou = probability
         return []
 
     def on_transcript(self, t: float, complete: bool) -> list[Command]:
@@ -252,6 +265,7 @@ class TurnMachine:
     def _end_turn(self, t: float, t_speech_end: float) -> list[Command]:
         self._speech_run = 0.0  # speech that goes on after a forced end must build up anew
         self._paused = False
+        self._early_eou = None
         self._text_complete = False
         self._go(t, State.THINKING)
         return [EndOfTurn(t_speech_end)]

@@ -176,3 +176,25 @@ def test_decode_starts_at_a_short_silence_ahead_of_the_pause():
     d.frames("...")
     assert d.kinds() == [StartUtterance, SpeechStopped, SpeechStopped, SpeechPaused]
     assert d.log[3].t_speech_end == d.log[2].t_speech_end and d.states() == [U, P]
+
+
+def test_a_verdict_before_the_pause_ends_the_turn_when_the_pause_comes():
+    # the session asks the turn model at SpeechStopped (0.1 s); the verdict is kept until the
+    # pause (0.2 s) and then ends the turn at once
+    d = Driver().frames("#" * 20 + "....").eou(0.9)
+    assert d.kinds() == [StartUtterance, SpeechStopped] and d.m.state == U
+    d.frames("..")
+    assert d.kinds() == [StartUtterance, SpeechStopped] and d.m.state == U
+    d.frames(".")  # 7 frames = 0.224 s: the pause, and the kept verdict ends the turn
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
+    assert abs(d.log[3].t_speech_end - 20 * F) < 1e-6 and d.states() == [U, P, T]
+
+
+def test_an_early_verdict_is_dropped_when_the_user_goes_on():
+    d = Driver().frames("#" * 20 + "....").eou(0.9).frames("#" * 6 + "." * 7)
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechStopped, SpeechPaused] and d.m.state == P
+    d.eou(0.2)  # the verdict on the new silence: incomplete, so the turn goes on waiting
+    assert d.m.state == P
+    # an "incomplete" early verdict does not end the turn at the pause either
+    d2 = Driver().frames("#" * 20 + "....").eou(0.2).frames("...")
+    assert d2.kinds() == [StartUtterance, SpeechStopped, SpeechPaused] and d2.m.state == P
