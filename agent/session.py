@@ -417,6 +417,12 @@ class Session:
                         self.tracer.instant("asr", "partial", turn=len(self.records), text=hyp.text)
                         await self._send({"type": "partial", "text": hyp.text, "stable": hyp.stable_text})
                         await self._run_commands(self.turns.on_words(self._t_audio, len(hyp.text.split())))
+                        # the LLM reads the words so far while the user goes on; not once they
+                        # stopped (the decode of their last words needs the CPU then), nor while
+                        # a reply is on (a barge-in: its history is not settled yet)
+                        if (self.turns.in_speech and self.turns.state == State.USER_SPEAKING
+                                and self._reply_task is None and self._branch is None):
+                            self._warm_prompt_cache(hyp.text)
             elif op == "pause_decode":
                 t_end, n = arg
                 # skip it when a later silence superseded it, when the user is speaking again
@@ -564,13 +570,17 @@ class Session:
                 del self.history[0]  # never start the context with an answer
             self._warm_prompt_cache()
 
-    def _warm_prompt_cache(self) -> None:
-        """A new prompt prefix (the session's start, or the history just cut): have the LLM
-        evaluate it now, while the user speaks, instead of in the next turn's time to first token."""
+    def _warm_prompt_cache(self, user_so_far: str | None = None) -> None:
+        """Have the LLM evaluate a prompt prefix now, while the user speaks, instead of in the
+        next turn's time to first token: a new prefix (the session's start, or the history just
+        cut), or the user's words so far (`user_so_far`, a partial transcript; the final prompt
+        shares every token up to the words that changed)."""
         warm = getattr(self.models.llm, "warm", None)
         if warm is None or (self._warm_task is not None and not self._warm_task.done()):
             return
-        messages = [{"role": "system", "content": self.config.system_prompt}, *self.history]
+        messages: list[Message] = [{"role": "system", "content": self.config.system_prompt}, *self.history]
+        if user_so_far is not None:
+            messages.append({"role": "user", "content": user_so_far})
 
         async def run() -> None:
             with self.tracer.span("llm", "warm_cache", turn=len(self.records), messages=len(messages)):

@@ -74,3 +74,32 @@ async def test_warm_evaluates_the_prefix_the_next_prompt_starts_with(model):
     model.warm([{"role": "system", "content": "Zebra."}, *prefix[1:]])
     other = list(model._llm._input_ids)
     assert next(i for i, (a, b) in enumerate(zip(other, after)) if a != b) < len(warmed) // 2
+
+
+async def test_warm_on_a_partial_transcript_is_reused_up_to_the_words_so_far(model):
+    # while the user speaks the session warms the prompt with their words so far; the final
+    # prompt then evaluates only what follows them (llama.cpp keeps the longest common prefix)
+    final = [SYSTEM, {"role": "user", "content": "Can you tell me a joke about cats?"}]
+    llm = model._llm
+    evaluated: list[int] = []
+    plain_eval = llm.eval
+
+    def counting_eval(tokens):
+        evaluated.append(len(tokens))
+        return plain_eval(tokens)
+
+    async def prompt_tokens_evaluated_after(warm_with) -> int:
+        model.warm(warm_with)
+        evaluated.clear()
+        llm.eval = counting_eval
+        try:
+            async for _ in model.stream(final, max_tokens=1):
+                pass
+        finally:
+            del llm.eval
+        return evaluated[0]  # the prompt's batch; later calls are generated tokens
+
+    cold = await prompt_tokens_evaluated_after([SYSTEM])
+    warm = await prompt_tokens_evaluated_after([SYSTEM, {"role": "user", "content": "Can you tell me"}])
+    words = len(llm.tokenize(b"Can you tell me", add_bos=False))
+    assert cold - warm >= words, (cold, warm, words)  # the user header and the words so far
