@@ -330,6 +330,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tts", default="piper", help="piper | voice.onnx | espeak-ng | flite")
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--max-tokens", type=int, default=80)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="LLM sampling temperature; greedy by default, so that both modes answer the same "
+                        "transcript with the same words and the comparison measures the orchestration")
     p.add_argument("--turns", type=int, default=None,
                    help=f"use only the first N user turns (default all {len(QUESTIONS) + len(DEV_CLIPS)})")
     p.add_argument("--dev-dir", type=Path, default=None, help="directory of the dev clips (default ../shared/speech/dev)")
@@ -360,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         models = load_models(ModelChoice(asr=args.asr, llm=args.llm, llm_model=args.llm_model, tts=args.tts))
         load_s = time.perf_counter() - t
+        if hasattr(models.llm, "temperature"):
+            models.llm.temperature = args.temperature
         if not args.no_warmup:
             asyncio.run(warm_up(models))
         print(f"duplex bench latency: {len(script)} user turns "
@@ -380,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\nvoice-to-voice p50: " + ", ".join(f"{m} {_fmt(r['voice_to_voice_p50_ms'], 0)} ms"
                                                 for m, r in results.items())
               + f"; ratio concurrent/waterfall = {ratio if ratio is not None else 'n/a'}")
+        if c and w:
+            same = sum(bool(a.get("reply")) and a.get("reply") == b.get("reply") for a, b in zip(c["turns"], w["turns"]))
+            print(f"same reply in both modes: {same}/{len(c['turns'])} turns")
         for m, r in results.items():
             plain = results.get(m.removesuffix("+trace"))
             if m.endswith("+trace") and plain and plain["voice_to_voice_p50_ms"] and r["voice_to_voice_p50_ms"]:
@@ -388,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['traced_events']} events recorded")
         report = {
             "config": {"asr": args.asr, "llm": args.llm, "tts": models.tts.name, "max_tokens": args.max_tokens,
+                       "temperature": args.temperature,
                        "gap_s": args.gap, "turns": len(script), "cpus": os.cpu_count(),
                        "warmup": not args.no_warmup, "models_load_s": round(load_s, 1),
                        "end_threshold": END_THRESHOLD, "end_smooth_s": END_SMOOTH_S},
