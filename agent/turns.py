@@ -19,8 +19,9 @@ States::
   (`on_eou`) and acted on when the pause is confirmed, so a complete turn ends at the pause
   instead of one model call after it. Speech that resumes drops the early verdict.
 - A *pause* (`pause_s` of silence after speech) emits `SpeechPaused`: the session speculates
-  (ASR final + LLM + TTS on the transcript so far, audio held back) and asks the end-of-turn
-  model. If speech resumes, `SpeechResumed` cancels the speculation.
+  (ASR final + LLM + TTS on the transcript so far, audio held back), and asks the end-of-turn
+  model unless it did at `SpeechStopped`. If speech resumes, `SpeechResumed` cancels the
+  speculation.
 - The turn ends (`EndOfTurn`) when the end-of-turn model says the utterance is complete
   (probability >= `eou_threshold`); or after `endpoint_silence_s` of silence when the transcript
   at the pause ends a sentence (`on_transcript`; Whisper punctuates, and the acoustic model misses
