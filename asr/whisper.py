@@ -122,7 +122,7 @@ class WhisperRecognizer:
             encoded, [prompt], beam_size=self.options.beam_size, max_length=len(prompt) + _token_budget(audio),
             suppress_blank=True, suppress_tokens=suppress,
             return_scores=True, return_no_speech_prob=True)[0]
-        tokens = [t for t in result.sequences_ids[0] if t < tok.eot]
+        tokens = drop_repeated_tail([t for t in result.sequences_ids[0] if t < tok.eot])
         text = tok.decode(tokens).strip()
         if not text or get_compression_ratio(text) > MAX_COMPRESSION_RATIO:
             return "", ()  # a looping hypothesis, dropped as Whisper's own rule would
@@ -145,6 +145,20 @@ class WhisperRecognizer:
                             task="transcribe", language=self.options.language)
             self._tok = (tok, list(get_suppressed_tokens(tok, [-1])))
         return self._tok
+
+
+def drop_repeated_tail(tokens: list[int], min_span: int = 4) -> list[int]:
+    """Whisper sometimes says the utterance again ("Tell me a story. Tell me a story."), a loop
+    too short for the compression-ratio rule. Drop a tail that repeats, token for token, the
+    span just before it (at least `min_span` tokens: "no, no" and the like stay)."""
+    out = list(tokens)
+    while True:
+        for span in range(len(out) // 2, min_span - 1, -1):
+            if out[-span:] == out[-2 * span:-span]:
+                del out[-span:]
+                break
+        else:
+            return out
 
 
 def _token_budget(audio: np.ndarray) -> int:
