@@ -568,7 +568,9 @@ class Session:
             del self.history[:len(self.history) - keep]
             if self.history and self.history[0]["role"] == "assistant":
                 del self.history[0]  # never start the context with an answer
-            self._warm_prompt_cache()
+        # the next prompt starts with this history and the user's header: evaluate them now,
+        # while nobody waits (after a history cut that is the whole prompt)
+        self._warm_prompt_cache("")
 
     def _warm_prompt_cache(self, user_so_far: str | None = None) -> None:
         """Have the LLM evaluate a prompt prefix now, while the user speaks, instead of in the
