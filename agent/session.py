@@ -676,13 +676,10 @@ class Session:
                 get = lambda: _next_async(source)  # noqa: E731
             else:
                 get = text_q.get
-            asked = 0
             while (piece := await get()) is not None:
                 self.tracer.instant("tts", "request", turn=rec.index, text=piece, flow=rec.index + 1)
                 yield piece
-                asked += 1
-                if asked == 1:  # back for more: the first piece is done (spoken, or had no words)
-                    first_piece_done.set()
+                first_piece_done.set()  # back for more: that piece is done (spoken, or had no words)
 
         async def speak() -> None:
             audio: list[AudioChunk] = []
