@@ -52,7 +52,8 @@ class SessionConfig:
     text_queue: int = 8  # LLM -> TTS chunks in flight
     asr_queue: int = 1024  # audio chunks waiting for the recognizer (~20 s of 20 ms frames)
     speculate: bool = True  # start ASR final + LLM + TTS at a pause, before the turn is confirmed
-    max_speculations_per_turn: int = 3  # early decodes run (and speculated on) per user turn
+    # early decodes run (and speculated on) per user turn; pauses inside a sentence use some
+    max_speculations_per_turn: int = 5
     # audio after the end of speech given to the final decode; at most the turn machine's
     # decode_after_s plus one VAD frame, so the early decode and the final see the same audio
     final_pad_s: float = 0.12
@@ -324,7 +325,6 @@ class Session:
             n = min(self._samples_until(cmd.t_speech_end), self._asr_samples)
             self._early_n = (cmd.t_speech_end, n)
             await self._asr_put(("pause_decode", (cmd.t_speech_end, n)))
-            self._start_eou_check(cmd.t_speech_end)  # its verdict waits in the turn machine for the pause
         elif isinstance(cmd, SpeechPaused):
             self.tracer.instant("turn", "pause", turn=turn)
             self._paused_at = cmd.t_speech_end
@@ -433,8 +433,12 @@ class Session:
                 self._pause_decodes += 1
                 hyp = await asyncio.to_thread(self._traced, "asr", "pause_decode", lambda: self._asr.decode(n))
                 self._decoded = (t_end, hyp)
-                if self._paused_at == t_end:  # the pause came while decoding
-                    await self._on_pause_transcript(hyp)
+                if not self.turns.in_speech and self._early_n is not None and self._early_n[0] == t_end:
+                    # still silent: the turn model next (after the decode, not beside it: the two
+                    # would share the cores); its verdict waits in the turn machine for the pause
+                    self._start_eou_check(t_end)
+                if not self.turns.in_speech and self._early_n is not None and self._early_n[0] == t_end:
+                    await self._on_pause_transcript(hyp)  # still silent: speculate, before the pause too
             elif op == "final":
                 rec, t_end = arg
                 early = self._early_n
@@ -449,10 +453,12 @@ class Session:
                 await self._on_final(rec)
 
     async def _on_pause_transcript(self, hyp: Hypothesis) -> None:
-        """The transcript up to the pending pause: speculate on it (concurrent mode) and let the
-        turn machine judge whether it ends a sentence. Only while the user is still paused: no
-        speech since, and the turn not yet taken."""
-        if self.turns.state != State.ENDPOINT_PENDING or not _has_words(hyp.text):
+        """The transcript up to the current silence: speculate on it (concurrent mode) and let
+        the turn machine judge whether it ends a sentence. Only while the user is still silent
+        and the turn not yet taken; before the pause too (`SpeechResumed` cancels the branch if
+        the user goes on)."""
+        if (self.turns.in_speech or self.turns.state not in (State.USER_SPEAKING, State.ENDPOINT_PENDING)
+                or not _has_words(hyp.text)):
             return
         if self.config.speculate and self.config.mode == "concurrent" and self._branch is None:
             self._start_branch(hyp.text)

@@ -161,21 +161,31 @@ def test_a_complete_sentence_ends_the_turn_after_the_short_silence():
     assert d2.m.state == P  # an unfinished sentence waits for the long timeout
 
 
-def test_decode_starts_at_a_short_silence_ahead_of_the_pause():
-    # 0.1 s of silence asks for a decode (once per silence); the pause itself comes at 0.2 s
-    d = Driver().frames("#" * 20 + "..")
+def test_decode_starts_at_the_first_silent_frame_and_going_on_resumes():
+    # one silent frame asks for a decode (once per silence); the pause itself comes at 0.2 s
+    d = Driver().frames("#" * 20)
     assert d.kinds() == [StartUtterance]
-    d.frames("..")  # 4 frames = 0.128 s
+    d.frames(".")
     assert d.kinds() == [StartUtterance, SpeechStopped] and d.m.state == U
     assert abs(d.log[1].t_speech_end - 20 * F) < 1e-6
-    d.frames("..")  # still the same silence: nothing new
+    d.frames("...")  # still the same silence: nothing new
     assert d.kinds() == [StartUtterance, SpeechStopped]
-    d.frames("#" * 6 + "....")  # the user went on before the pause: a new silence, a new decode
-    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechStopped] and d.m.state == U
-    assert abs(d.log[2].t_speech_end - 32 * F) < 1e-6
-    d.frames("...")
-    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechStopped, SpeechPaused]
-    assert d.log[3].t_speech_end == d.log[2].t_speech_end and d.states() == [U, P]
+    d.frames("###")  # 3 frames < min_speech_s: not yet "going on"
+    assert d.kinds() == [StartUtterance, SpeechStopped]
+    d.frames("#")  # the user went on before the pause: the speculation on that silence goes
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechResumed] and d.m.state == U
+    d.frames("##.")  # a new silence, a new decode
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechResumed, SpeechStopped]
+    assert abs(d.log[3].t_speech_end - 30 * F) < 1e-6
+    d.frames("......")
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechResumed, SpeechStopped, SpeechPaused]
+    assert d.log[4].t_speech_end == d.log[3].t_speech_end and d.states() == [U, P]
+
+
+def test_a_blip_in_a_silence_neither_resumes_nor_asks_twice_for_the_same_silence():
+    d = Driver().frames("#" * 20 + "..." + "#" + "....")  # one speech frame: not speech going on
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechStopped]  # the blip split the silence
+    assert d.log[2].t_speech_end > d.log[1].t_speech_end
 
 
 def test_a_verdict_before_the_pause_ends_the_turn_when_the_pause_comes():
@@ -192,7 +202,8 @@ def test_a_verdict_before_the_pause_ends_the_turn_when_the_pause_comes():
 
 def test_an_early_verdict_is_dropped_when_the_user_goes_on():
     d = Driver().frames("#" * 20 + "....").eou(0.9).frames("#" * 6 + "." * 7)
-    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechStopped, SpeechPaused] and d.m.state == P
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechResumed, SpeechStopped, SpeechPaused]
+    assert d.m.state == P
     d.eou(0.2)  # the verdict on the new silence: incomplete, so the turn goes on waiting
     assert d.m.state == P
     # an "incomplete" early verdict does not end the turn at the pause either
