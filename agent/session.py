@@ -369,7 +369,7 @@ class Session:
             p = await asyncio.to_thread(eou.probability, audio)
             self.tracer.complete("turn", "eou_check", ts_ns=_ns(t0), dur_ns=_ns(time.perf_counter() - t0),
                                  turn=len(self.records), probability=round(p, 3))
-            await self._run_commands(self.turns.on_eou(self._t_audio, p))
+            await self._run_commands(self.turns.on_eou(self._t_audio, p, t_speech_end))
 
         self._eou_task = asyncio.create_task(check(), name="eou")
 

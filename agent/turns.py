@@ -210,10 +210,12 @@ class TurnMachine:
                 out.append(self._start_user(t, State.INTERRUPTED))
         return out
 
-    def on_eou(self, t: float, probability: float) -> list[Command]:
+    def on_eou(self, t: float, probability: float, t_speech_end: float | None = None) -> list[Command]:
         """The end-of-turn model's verdict on the utterance up to the current silence. Before the
-        pause (asked at `SpeechStopped`) it is kept until the pause is confirmed."""
-        if self.in_speech:
+        pause it is kept until the pause is confirmed. `t_speech_end`: the silence it was asked
+        about (the `SpeechStopped`/`SpeechPaused` time); a late verdict on an earlier silence,
+        after the user went on, is ignored."""
+        if self.in_speech or (t_speech_end is not None and t_speech_end != self._last_speech_end):
             return []
         if self.state == State.ENDPOINT_PENDING and probability >= self.config.eou_threshold:
             return self._end_turn(t, self._last_speech_end)

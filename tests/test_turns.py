@@ -209,3 +209,18 @@ def test_an_early_verdict_is_dropped_when_the_user_goes_on():
     # an "incomplete" early verdict does not end the turn at the pause either
     d2 = Driver().frames("#" * 20 + "....").eou(0.2).frames("...")
     assert d2.kinds() == [StartUtterance, SpeechStopped, SpeechPaused] and d2.m.state == P
+
+
+def test_a_late_verdict_on_an_earlier_silence_is_ignored():
+    # asked about the first silence; the user went on and stopped again before it came back
+    d = Driver().frames("#" * 20 + ".")
+    first = d.log[-1].t_speech_end
+    d.frames("#" * 6 + ".")
+    second = d.log[-1].t_speech_end
+    assert second > first
+    d.log += d.m.on_eou(d.t, 0.95, first)  # stale: not kept for this silence
+    d.frames("......")
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechResumed, SpeechStopped, SpeechPaused]
+    assert d.m.state == P
+    d.log += d.m.on_eou(d.t, 0.95, second)  # the verdict on this silence ends the turn
+    assert d.kinds()[-1] == EndOfTurn and d.m.state == T
