@@ -213,13 +213,16 @@ class TurnMachine:
     def on_eou(self, t: float, probability: float, t_speech_end: float | None = None) -> list[Command]:
         """The end-of-turn model's verdict on the utterance up to the current silence. Before the
         pause it is kept until the pause is confirmed. `t_speech_end`: the silence it was asked
-        about (the `SpeechStopped`/`SpeechPaused` time); a late verdict on an earlier silence,
-        after the user went on, is ignored."""
-        if self.in_speech or (t_speech_end is not None and t_speech_end != self._last_speech_end):
+        about (the `SpeechStopped`/`SpeechPaused` time); a late verdict on an earlier silence is
+        not kept for this one. (Once the pause is confirmed any verdict on the utterance counts:
+        a blip of noise during the pause must not void it.)"""
+        if self.in_speech:
             return []
         if self.state == State.ENDPOINT_PENDING and probability >= self.config.eou_threshold:
             return self._end_turn(t, self._last_speech_end)
-        if self.state in (State.USER_SPEAKING, State.INTERRUPTED) and self._stopped and not self._paused:
+        this_silence = t_speech_end is None or t_speech_end == self._last_speech_end
+        if (self.state in (State.USER_SPEAKING, State.INTERRUPTED) and self._stopped and not self._paused
+                and this_silence):
             self._early_eou = probability
         return []
 

@@ -224,3 +224,13 @@ def test_a_late_verdict_on_an_earlier_silence_is_ignored():
     assert d.m.state == P
     d.log += d.m.on_eou(d.t, 0.95, second)  # the verdict on this silence ends the turn
     assert d.kinds()[-1] == EndOfTurn and d.m.state == T
+
+
+def test_a_blip_during_the_pause_does_not_void_the_verdict():
+    d = Driver().frames("#" * 20 + ".......")
+    asked = d.log[-1].t_speech_end  # SpeechPaused: the session asks about this silence
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused] and d.m.state == P
+    d.frames("#.")  # one frame of noise: not speech (min_speech_s), the pause goes on
+    assert d.m.state == P
+    d.log += d.m.on_eou(d.t, 0.9, asked)
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
