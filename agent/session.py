@@ -219,7 +219,6 @@ class Session:
         self._branch: Branch | None = None
         self._pause_decodes = 0
         self._decoded: tuple[float, Hypothesis] | None = None  # last early decode: (speech end, text)
-        self._paused_at: float | None = None  # speech end of the pause now pending
         self._early_n: tuple[float, int] | None = None  # last early decode: (speech end, samples)
         self._asr_samples = 0  # samples of this utterance sent to the recognizer
         self._eou_task: asyncio.Task | None = None
@@ -311,7 +310,7 @@ class Session:
             self.tracer.instant("turn", "user_speech_start", turn=turn)
             self._utterance_active = True
             self._pause_decodes = 0
-            self._decoded = self._paused_at = self._early_n = None
+            self._decoded = self._early_n = None
             speech_so_far = int((self._t_audio - cmd.t_start) * ASR_RATE)
             preroll = self._recent.last(int(self.config.turns.preroll_s * ASR_RATE) + speech_so_far)
             self._utt_t0 = self._t_audio - preroll.size / ASR_RATE
@@ -327,19 +326,16 @@ class Session:
             await self._asr_put(("pause_decode", (cmd.t_speech_end, n)))
         elif isinstance(cmd, SpeechPaused):
             self.tracer.instant("turn", "pause", turn=turn)
-            self._paused_at = cmd.t_speech_end
             self._start_eou_check(cmd.t_speech_end)  # unless asked already in this silence
             await self._send_state()
             if self._decoded is not None and self._decoded[0] == cmd.t_speech_end:
                 await self._on_pause_transcript(self._decoded[1])  # decoded before the pause
         elif isinstance(cmd, SpeechResumed):
             self.tracer.instant("turn", "speech_resumed", turn=turn)
-            self._paused_at = None
             await self._cancel_branch("user went on speaking")
             await self._send_state()
         elif isinstance(cmd, EndOfTurn):
             self._utterance_active = False
-            self._paused_at = None
             rec = TurnRecord(index=turn, speech_end=self.wall_of(cmd.t_speech_end), endpoint=now)
             self.records.append(rec)
             self.tracer.instant("turn", "user_speech_end", turn=rec.index, ts_ns=_ns(rec.speech_end))
@@ -435,10 +431,10 @@ class Session:
                 self._decoded = (t_end, hyp)
                 if not self.turns.in_speech and self._early_n is not None and self._early_n[0] == t_end:
                     # still silent: the turn model next (after the decode, not beside it: the two
-                    # would share the cores); its verdict waits in the turn machine for the pause
+                    # would share the cores; its verdict waits in the turn machine for the pause),
+                    # and speculate on the transcript, before the pause too
                     self._start_eou_check(t_end)
-                if not self.turns.in_speech and self._early_n is not None and self._early_n[0] == t_end:
-                    await self._on_pause_transcript(hyp)  # still silent: speculate, before the pause too
+                    await self._on_pause_transcript(hyp)
             elif op == "final":
                 rec, t_end = arg
                 early = self._early_n

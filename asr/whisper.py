@@ -82,10 +82,9 @@ class WhisperRecognizer:
         """Decode one buffer of float32 16 kHz audio. Blocking."""
         if audio.size < SAMPLE_RATE // 10:
             return "", ()
-        if self.options.window_pad_s is not None:
-            with self._lock:
-                return self._transcribe_window(audio, word_timestamps)
         with self._lock:
+            if self.options.window_pad_s is not None:
+                return self._transcribe_window(audio, word_timestamps)
             # One greedy pass with a token budget that follows the audio's length: Whisper's
             # temperature fallback re-decodes up to six times.
             segments, _ = self.model.transcribe(
