@@ -256,6 +256,10 @@ async def run_mode(models, script: list[ScriptLine], mode: str, args, out_wav: P
             await lag_task
         transport.close()
     wall_s = time.perf_counter() - t
+    if tracer is not None and args.work_dir is not None:
+        from agent.trace_export import write_jsonl
+
+        print(f"trace of {label}: {write_jsonl(tracer, str(args.work_dir / f'trace-{mode}.jsonl'))}")
     rows = match_turns(script, list(transport.input_start_times), transport.t0, session.records)
     v2v = [r["voice_to_voice_ms"] for r in rows if r["voice_to_voice_ms"] is not None]
     return {
@@ -354,7 +358,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from agent.models import ModelChoice, load_models  # sets OMP_WAIT_POLICY before models load
+    from agent.models import ModelChoice, load_models  # sets the OpenMP spin before models load
 
     with contextlib.ExitStack() as stack:
         work = args.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-latency-")))

@@ -6,10 +6,15 @@ import os
 import time
 from dataclasses import dataclass
 
-# CTranslate2 (Whisper) and torch use OpenMP, whose default busy-wait policy keeps idle workers
-# spinning; on a small CPU that starves the other models (measured here: 1.3 s -> 17 s
-# voice-to-voice). It must be set before those libraries load.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# CTranslate2 (Whisper), llama.cpp and torch parallelise with OpenMP (libgomp). Idle workers
+# that spin for long starve the other models on a small CPU (once measured here: 1.3 s -> 17 s
+# voice-to-voice). Workers that never spin (OMP_WAIT_POLICY=PASSIVE, used until 2026-11-30)
+# are as bad for llama.cpp: every operation of every token then waits for futex wake-ups,
+# 16 -> 33 ms a token here. A short spin (10,000 rounds, microseconds) keeps a token's
+# operations back to back and still lets idle workers sleep. libgomp reads this when it loads,
+# so it is set before any model library loads; a user's own setting wins.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 from agent.session import Models
 

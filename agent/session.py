@@ -350,13 +350,14 @@ class Session:
             await self._resume()
             await self._send_state()
 
-    def _start_eou_check(self, t_speech_end: float) -> None:
-        """Ask the end-of-turn model about the utterance up to this silence (once per silence)."""
+    def _start_eou_check(self, t_speech_end: float) -> asyncio.Task | None:
+        """Ask the end-of-turn model about the utterance up to this silence (once per silence).
+        Returns the check's task, or None when none was started."""
         eou = self.models.eou
         if eou is None or not self.config.turns.use_eou or self._eou_asked == t_speech_end:
-            return
+            return None
         if self._eou_task is not None and not self._eou_task.done():
-            return
+            return None
         self._eou_asked = t_speech_end
         audio = self._recent.last(self._recent.capacity)
 
@@ -368,6 +369,7 @@ class Session:
             await self._run_commands(self.turns.on_eou(self._t_audio, p, t_speech_end))
 
         self._eou_task = asyncio.create_task(check(), name="eou")
+        return self._eou_task
 
     def _on_played(self, ev: Played) -> None:
         if self._playout is not None and ev.event == "start":
@@ -427,13 +429,19 @@ class Session:
                         or self._pause_decodes >= self.config.max_speculations_per_turn):
                     continue
                 self._pause_decodes += 1
+                # the turn model first, alone (~35 ms): beside the decode or the LLM's prompt it
+                # would take the cores they need (the prompt took ~60 ms longer). Its verdict
+                # waits in the turn machine for the pause.
+                eou = self._start_eou_check(t_end)
+                if eou is not None:
+                    await asyncio.wait([eou])
+                    if self.turns.in_speech or self._early_n is None or self._early_n[0] != t_end:
+                        continue  # the user went on meanwhile: their next silence decodes
                 hyp = await asyncio.to_thread(self._traced, "asr", "pause_decode", lambda: self._asr.decode(n))
                 self._decoded = (t_end, hyp)
                 if not self.turns.in_speech and self._early_n is not None and self._early_n[0] == t_end:
-                    # still silent: the turn model next (after the decode, not beside it: the two
-                    # would share the cores; its verdict waits in the turn machine for the pause),
-                    # and speculate on the transcript, before the pause too
-                    self._start_eou_check(t_end)
+                    # still silent: speculate on the transcript, before the pause too
+                    self._start_eou_check(t_end)  # if the model was busy with an earlier silence
                     await self._on_pause_transcript(hyp)
             elif op == "final":
                 rec, t_end = arg

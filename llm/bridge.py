@@ -8,12 +8,16 @@ On demand (`on_demand=True`): the worker computes an item only once the consumer
 it, so a consumer that stops reading for a while also stops the computation (a language model
 gives the cores back to the voice while the first audio is synthesized). Throughput is the
 same as long as the consumer asks again at once, which an `async for` does.
+
+`executor`: where the worker runs (default: the loop's default thread pool). A model whose
+runtime keeps per-thread state passes its own one-thread executor (see llm/llamacpp.py).
 """
 from __future__ import annotations
 
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Executor
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -26,7 +30,8 @@ class _Error:
 
 
 async def iterate_in_thread(make_iter: Callable[[threading.Event], Iterator[T]],
-                            maxsize: int = 16, on_demand: bool = False) -> AsyncIterator[T]:
+                            maxsize: int = 16, on_demand: bool = False,
+                            executor: Executor | None = None) -> AsyncIterator[T]:
     """Yield the items of `make_iter(stop_event)` as they are produced in a worker thread."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue(maxsize=maxsize)
@@ -73,7 +78,7 @@ async def iterate_in_thread(make_iter: Callable[[threading.Event], Iterator[T]],
                 close()  # a generator releases what it holds (a model lock) here, not at GC
         put(_DONE)
 
-    worker = loop.run_in_executor(None, work)
+    worker = loop.run_in_executor(executor, work)
     try:
         while True:
             if on_demand:

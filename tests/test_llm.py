@@ -103,3 +103,26 @@ async def test_warm_on_a_partial_transcript_is_reused_up_to_the_words_so_far(mod
     warm = await prompt_tokens_evaluated_after([SYSTEM, {"role": "user", "content": "Can you tell me"}])
     words = len(llm.tokenize(b"Can you tell me", add_bos=False))
     assert cold - warm >= words, (cold, warm, words)  # the user header and the words so far
+
+
+async def test_every_llama_call_runs_on_the_one_model_thread(model):
+    """llama.cpp's OpenMP keeps a worker team per calling thread; calls from rotating pool
+    threads made several teams and slowed every token (see llm/llamacpp.py). Warm-ups from any
+    thread and streams must all reach llama.cpp from the same single thread."""
+    import threading
+
+    seen: set[str] = set()
+    real = model._llm.create_chat_completion
+
+    def spy(*args, **kwargs):
+        seen.add(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    model._llm.create_chat_completion = spy
+    try:
+        await asyncio.gather(*(asyncio.to_thread(model.warm, [SYSTEM]) for _ in range(3)))
+        for _ in range(2):
+            assert await read_then_close(model.stream([SYSTEM, {"role": "user", "content": "Say hi."}], max_tokens=3), 2) >= 1
+    finally:
+        del model._llm.create_chat_completion
+    assert len(seen) == 1 and next(iter(seen)).startswith("llama"), seen
