@@ -409,7 +409,10 @@ class Session:
                     continue  # the turn machine ends the utterance before this; never grow
                 # partials only while the user speaks and the recognizer is not behind
                 if self._asr_q.empty() and self.turns.in_speech:
-                    hyp = await asyncio.to_thread(self._traced, "asr", "partial_decode", self._asr.partial)
+                    # abandoned when the user stops meanwhile: the decode of their last words
+                    # must not wait for it
+                    hyp = await asyncio.to_thread(self._traced, "asr", "partial_decode",
+                                                  lambda: self._asr.partial(keep_going=lambda: self.turns.in_speech))
                     if hyp is not None and hyp.text and hyp.text != last_partial:
                         last_partial = hyp.text
                         self.tracer.instant("asr", "partial", turn=len(self.records), text=hyp.text)

@@ -1,6 +1,7 @@
 """The recognizer vocabulary: words with times, hypotheses, and the streaming protocol."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,8 +33,10 @@ class RecognizerStream(Protocol):
     def push(self, pcm: np.ndarray) -> None:
         """Append float32 mono samples at `sample_rate`."""
 
-    def partial(self) -> Hypothesis | None:
-        """Re-evaluate the utterance so far; None when nothing new is worth decoding."""
+    def partial(self, keep_going: Callable[[], bool] | None = None) -> Hypothesis | None:
+        """Re-evaluate the utterance so far; None when nothing new is worth decoding. A
+        recognizer may ask `keep_going()` between its stages and abandon the partial (None)
+        when it says no."""
 
     def decode(self, n_samples: int | None = None) -> Hypothesis:
         """Final-quality hypothesis of the first `n_samples` (default: all) without ending the

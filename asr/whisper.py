@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,13 +79,18 @@ class WhisperRecognizer:
     def open_stream(self) -> "WhisperStream":
         return WhisperStream(self)
 
-    def transcribe(self, audio: np.ndarray, word_timestamps: bool = False) -> tuple[str, tuple[Word, ...]]:
-        """Decode one buffer of float32 16 kHz audio. Blocking."""
+    def transcribe(self, audio: np.ndarray, word_timestamps: bool = False,
+                   keep_going: Callable[[], bool] | None = None) -> tuple[str, tuple[Word, ...]] | None:
+        """Decode one buffer of float32 16 kHz audio. Blocking. `keep_going` is asked before the
+        decode and again after the encoder (about half of it); when it says no, the decode is
+        abandoned and None is returned."""
         if audio.size < SAMPLE_RATE // 10:
             return "", ()
         with self._lock:
+            if keep_going is not None and not keep_going():
+                return None
             if self.options.window_pad_s is not None:
-                return self._transcribe_window(audio, word_timestamps)
+                return self._transcribe_window(audio, word_timestamps, keep_going)
             # One greedy pass with a token budget that follows the audio's length: Whisper's
             # temperature fallback re-decodes up to six times.
             segments, _ = self.model.transcribe(
@@ -103,7 +109,8 @@ class WhisperRecognizer:
                     words.append(Word(w.word.strip(), float(w.start), float(w.end)))
         return text, tuple(words)
 
-    def _transcribe_window(self, audio: np.ndarray, word_timestamps: bool) -> tuple[str, tuple[Word, ...]]:
+    def _transcribe_window(self, audio: np.ndarray, word_timestamps: bool,
+                           keep_going: Callable[[], bool] | None = None) -> tuple[str, tuple[Word, ...]] | None:
         """One greedy decode with the encoder window cut to the audio plus `window_pad_s`."""
         from faster_whisper.transcribe import get_compression_ratio, merge_punctuations
 
@@ -116,6 +123,8 @@ class WhisperRecognizer:
         x = np.zeros((feats.shape[0], window), dtype=np.float32)
         x[:, :min(frames, window)] = feats[:, :window]
         encoded = model.encode(x)
+        if keep_going is not None and not keep_going():
+            return None
         prompt = [*tok.sot_sequence, tok.no_timestamps]
         result = model.model.generate(
             encoded, [prompt], beam_size=self.options.beam_size, max_length=len(prompt) + _token_budget(audio),
@@ -197,12 +206,19 @@ class WhisperStream:
         self._buf[self._n:self._n + pcm.size] = pcm
         self._n += pcm.size
 
-    def partial(self, force: bool = False) -> Hypothesis | None:
+    def partial(self, force: bool = False, keep_going: Callable[[], bool] | None = None) -> Hypothesis | None:
+        """Re-decode the utterance once `hop_s` of new audio has come (`force`: now). With
+        `keep_going`, the decode is abandoned (None) as soon as it says no: the session passes
+        "the user is still speaking", so that a partial never holds up the decode of the
+        utterance's end."""
         hop = int(self.recognizer.options.hop_s * SAMPLE_RATE)
         if not force and self._n - self._decoded_at < hop:
             return None
+        out = self.recognizer.transcribe(self._buf[:self._n], keep_going=keep_going)
+        if out is None:
+            return None  # abandoned: the next call tries again
         self._decoded_at = self._n
-        text, _ = self.recognizer.transcribe(self._buf[:self._n])
+        text, _ = out
         words = text.split()
         agreed = _common_prefix(self._previous, words)
         if len(agreed) > len(self._committed):
@@ -217,7 +233,7 @@ class WhisperStream:
         n = self._n if n_samples is None else max(0, min(int(n_samples), self._n))
         if self._cached is not None and self._cached[0] == n:
             return self._cached[1]
-        text, words = self.recognizer.transcribe(self._buf[:n], word_timestamps=True)
+        text, words = self.recognizer.transcribe(self._buf[:n], word_timestamps=True)  # type: ignore[misc]
         off = self.offset_s
         hyp = Hypothesis(text=text, words=tuple(Word(w.text, w.start + off, w.end + off) for w in words),
                          final=True, stable_text=text)
