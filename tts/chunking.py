@@ -25,7 +25,7 @@ class TextChunker:
     The first chunk of an answer may end at a clause boundary once it has `first_clause_words`
     words, or at any word boundary past `first_max_words` words, so speech starts early (a long
     first sentence would otherwise hold the first audio back by its whole length; each word
-    waited for costs ~30 ms of LLM time on a 2-core CPU, and the voice says four words in ~1 s,
+    waited for costs ~20 ms of LLM time on a 2-core CPU, and the voice says four words in ~1 s,
     long enough to synthesize the next chunk behind them); later chunks
     break at clauses only past `clause_words` words, and anywhere past `max_words`.
     """
