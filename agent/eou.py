@@ -81,6 +81,20 @@ def log_mel(window: np.ndarray) -> np.ndarray:
     return ((mel + 4.0) / 4.0).astype(np.float32)
 
 
+def as_of_pause(audio_16k: np.ndarray, heard_silence_s: float, pause_s: float) -> np.ndarray:
+    """The utterance as it will be when the pause is confirmed: `audio_16k` (ending
+    `heard_silence_s` after the speech) followed by zeros for the rest of `pause_s`.
+
+    Smart-turn's verdict depends on the silence after the speech: flite's "What is the capital
+    of France?" scored 0.02-0.21 with under 150 ms of it and 0.75-0.95 from 200 ms on. A verdict
+    asked for early (at the first silent frame, to have it before the pause) counts only if the
+    pause is then confirmed, so it is asked about that audio."""
+    unheard = int(round((pause_s - heard_silence_s) * 16000))
+    if unheard <= 0:
+        return audio_16k
+    return np.concatenate([audio_16k, np.zeros(unheard, dtype=np.float32)])
+
+
 class SmartTurn:
     """The smart-turn v3.2 end-of-turn classifier (ONNX, CPU, one thread, no spinning)."""
 

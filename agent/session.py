@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agent.eou import as_of_pause
 from agent.profiling import profile_region
 from agent.trace import NullTracer, Tracer
 from agent.speculation import Branch, SpeculationStats, same_transcript
@@ -359,14 +360,9 @@ class Session:
         if self._eou_task is not None and not self._eou_task.done():
             return None
         self._eou_asked = t_speech_end
-        audio = self._recent.last(self._recent.capacity)
-        # A verdict counts only once the pause is confirmed, so ask about the audio as it will be
-        # then: the utterance followed by `pause_s` of silence, zeros standing in for the part not
-        # heard yet. Smart-turn's verdicts depend on that tail: "What is the capital of France?"
-        # scored 0.02-0.21 with under 150 ms of silence after it and 0.75-0.95 from 200 ms on.
-        unheard = self.config.turns.pause_s - (self._t_audio - t_speech_end)
-        if unheard > 0:
-            audio = np.concatenate([audio, np.zeros(int(unheard * ASR_RATE), dtype=np.float32)])
+        # the verdict counts once the pause is confirmed: ask about the audio as it will be then
+        audio = as_of_pause(self._recent.last(self._recent.capacity), self._t_audio - t_speech_end,
+                            self.config.turns.pause_s)
 
         async def check() -> None:
             t0 = time.perf_counter()

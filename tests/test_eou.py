@@ -79,3 +79,26 @@ def test_complete_sentence_scores_high_and_cut_lower(model, clips):
           f"({feat_ms:.1f} ms features), shared 2-core CPU")
     assert p_complete > 0.5
     assert p_cut < p_complete
+
+
+def test_as_of_pause_appends_only_the_silence_not_heard_yet():
+    from agent.eou import as_of_pause
+
+    x = np.ones(1600, dtype=np.float32)
+    out = as_of_pause(x, heard_silence_s=0.05, pause_s=0.2)
+    assert out.size == 1600 + 2400 and np.array_equal(out[:1600], x) and not out[1600:].any()
+    assert as_of_pause(x, heard_silence_s=0.2, pause_s=0.2) is x
+    assert as_of_pause(x, heard_silence_s=0.5, pause_s=0.2) is x
+
+
+def test_a_question_asked_about_at_the_first_silent_frame_is_complete(model, tmp_path):
+    """The session asks smart-turn ~30 ms into the silence, about the audio as of the pause.
+    Asked about the bare 30 ms, the model calls this complete question incomplete."""
+    from agent.eou import as_of_pause
+
+    x = say(COMPLETE, tmp_path / "q.wav")
+    x = x[:np.nonzero(np.abs(x) > 0.01)[0][-1] + 1]  # ends where the voice does
+    early = np.concatenate([silence(0.5), x, silence(0.03)])
+    bare, as_paused = model.probability(early), model.probability(as_of_pause(early, 0.03, 0.2))
+    print(f"30 ms of silence: {bare:.3f}; as of the 0.2 s pause: {as_paused:.3f}")
+    assert as_paused > 0.5
