@@ -89,7 +89,7 @@ def as_of_pause(audio_16k: np.ndarray, heard_silence_s: float, pause_s: float) -
     of France?" scored 0.02-0.21 with under 150 ms of it and 0.75-0.95 from 200 ms on. A verdict
     asked for early (at the first silent frame, to have it before the pause) counts only if the
     pause is then confirmed, so it is asked about that audio."""
-    unheard = int(round((pause_s - heard_silence_s) * 16000))
+    unheard = round((pause_s - heard_silence_s) * SAMPLE_RATE)
     if unheard <= 0:
         return audio_16k
     return np.concatenate([audio_16k, np.zeros(unheard, dtype=np.float32)])

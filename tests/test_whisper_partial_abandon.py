@@ -2,7 +2,6 @@
 so the decode of the utterance's end never waits for a whole partial."""
 import pytest
 import soundfile as sf
-
 from helpers import DEV
 
 pytestmark = pytest.mark.models
