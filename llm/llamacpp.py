@@ -3,10 +3,10 @@
 Every call into llama.cpp (load, warm, generate) runs on one dedicated thread. llama.cpp's CPU
 backend parallelises with OpenMP, and libgomp keeps a team of worker threads for each thread
 that calls into it. Calls from a thread pool's rotating workers make several teams; once
-libgomp manages more threads than there are cores it stops spinning between operations and
-sleeps instead, and every token pays for the wake-ups. On this 2-core machine that made a
-token take ~21-35 ms instead of ~16 ms (measured with `duplex bench latency`'s traces and a
-stand-alone loop).
+libgomp manages more threads than there are cores it spins only ~100 rounds between operations
+and then sleeps, and every token pays for the wake-ups. On this 2-core machine a token took
+~21.5 ms once a second thread had called llama.cpp, against ~16.3 ms with one (a stand-alone
+loop, 30 tokens, three runs each). The OpenMP spin itself is set in agent/models.py.
 """
 from __future__ import annotations
 
