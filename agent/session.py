@@ -58,8 +58,6 @@ class SessionConfig:
     # audio after the end of speech given to the final decode; at most the turn machine's
     # decode_after_s plus one VAD frame, so the early decode and the final see the same audio
     final_pad_s: float = 0.12
-    # a prompt warm-up on a partial transcript starts this much later, if the user still speaks
-    warm_settle_s: float = 0.04
 
 
 @dataclass
@@ -423,8 +421,12 @@ class Session:
                         self.tracer.instant("asr", "partial", turn=len(self.records), text=hyp.text)
                         await self._send({"type": "partial", "text": hyp.text, "stable": hyp.stable_text})
                         await self._run_commands(self.turns.on_words(self._t_audio, len(hyp.text.split())))
-                        if self._may_warm_on_words():
-                            self._warm_prompt_cache(hyp.text, on_words=True)
+                        # the LLM reads the words so far while the user goes on; not once they
+                        # stopped (the decode of their last words needs the CPU then), nor while
+                        # a reply is on (a barge-in: its history is not settled yet)
+                        if (self.turns.in_speech and self.turns.state == State.USER_SPEAKING
+                                and self._reply_task is None and self._branch is None):
+                            self._warm_prompt_cache(hyp.text)
             elif op == "pause_decode":
                 t_end, n = arg
                 # skip it when a later silence superseded it, when the user is speaking again
@@ -586,24 +588,11 @@ class Session:
         # while nobody waits (after a history cut that is the whole prompt)
         self._warm_prompt_cache("")
 
-    def _may_warm_on_words(self) -> bool:
-        """The LLM may read the user's words so far while they go on; not once they stopped (the
-        decode of their last words needs the CPU then), nor while a reply is on (a barge-in: its
-        history is not settled yet)."""
-        return (self.turns.in_speech and self.turns.state == State.USER_SPEAKING
-                and self._reply_task is None and self._branch is None)
-
-    def _warm_prompt_cache(self, user_so_far: str | None = None, on_words: bool = False) -> None:
+    def _warm_prompt_cache(self, user_so_far: str | None = None) -> None:
         """Have the LLM evaluate a prompt prefix now, while the user speaks, instead of in the
         next turn's time to first token: a new prefix (the session's start, or the history just
         cut), or the user's words so far (`user_so_far`, a partial transcript; the final prompt
-        shares every token up to the words that changed).
-
-        `on_words`: a warm on a partial transcript waits `warm_settle_s` (a VAD frame) and
-        starts only if the user is still speaking then. Once started it cannot be stopped, and
-        one that was under way when the user stopped held the LLM and shared the cores with the
-        decode of their last words (100-290 ms of warm-up across the VAD's end in 5 of 40
-        traced bench turns)."""
+        shares every token up to the words that changed)."""
         warm = getattr(self.models.llm, "warm", None)
         if warm is None or (self._warm_task is not None and not self._warm_task.done()):
             return
@@ -612,10 +601,6 @@ class Session:
             messages.append({"role": "user", "content": user_so_far})
 
         async def run() -> None:
-            if on_words:
-                await asyncio.sleep(self.config.warm_settle_s)
-                if not self._may_warm_on_words():
-                    return
             with self.tracer.span("llm", "warm_cache", turn=len(self.records), messages=len(messages)):
                 await asyncio.to_thread(warm, messages)
 
