@@ -382,7 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes:
             results[mode] = asyncio.run(run_mode(models, script, mode, args, work / f"bot_{mode}.wav"))
             print_mode(results[mode])
-        c, w = results.get("concurrent"), results.get("waterfall")
+        # an untraced run of a mode if there is one, else its traced run
+        c = results.get("concurrent") or results.get("concurrent+trace")
+        w = results.get("waterfall") or results.get("waterfall+trace")
         ratio = None
         if c and w and c["voice_to_voice_p50_ms"] and w["voice_to_voice_p50_ms"]:
             ratio = round(c["voice_to_voice_p50_ms"] / w["voice_to_voice_p50_ms"], 3)
