@@ -40,7 +40,7 @@ async def iterate_in_thread(make_iter: Callable[[threading.Event], Iterator[T]],
 
     def asked() -> bool:
         while not asks.acquire(timeout=0.1):
-            if stop.is_set():
+            if stop.is_set() or loop.is_closed():  # a closed loop: nobody will ever ask again
                 return False
         return not stop.is_set()
 

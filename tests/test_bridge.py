@@ -3,6 +3,8 @@ import asyncio
 import contextlib
 import threading
 
+import pytest
+
 from llm.bridge import iterate_in_thread
 
 
@@ -47,3 +49,27 @@ async def test_closing_early_stops_the_worker_and_closes_its_generator():
             if x == 3:
                 break
     assert closed.wait(2.0)
+
+
+# the never-closed async generator is reported when collected: that is the scenario
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_worker_left_waiting_by_a_closed_loop_ends():
+    """A reader whose event loop is closed without closing the stream (an abrupt exit) must not
+    leave the worker waiting for a request forever: the process would hang at exit joining it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    closed = threading.Event()
+
+    def gen(stop):
+        try:
+            yield from range(1000)
+        finally:
+            closed.set()
+
+    pool = ThreadPoolExecutor(1)
+    loop = asyncio.new_event_loop()
+    items = iterate_in_thread(gen, maxsize=2, on_demand=True, executor=pool)
+    assert loop.run_until_complete(anext(items)) == 0
+    loop.close()  # the stream is never closed
+    assert closed.wait(2.0), "the worker is still waiting for its reader"
+    pool.shutdown(wait=True)
