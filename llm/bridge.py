@@ -45,9 +45,14 @@ async def iterate_in_thread(make_iter: Callable[[threading.Event], Iterator[T]],
         return not stop.is_set()
 
     def put(item) -> bool:
-        if stop.is_set():
+        if stop.is_set() or loop.is_closed():
             return False
-        fut = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
+        coro = queue.put(item)
+        try:
+            fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        except RuntimeError:  # the loop closed meanwhile
+            coro.close()
+            return False
         while True:  # wait for room, but notice a stop while waiting
             try:
                 fut.result(timeout=0.1)
