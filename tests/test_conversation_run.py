@@ -82,3 +82,22 @@ def test_a_speculative_reply_is_committed(conversation):
     committed = [t for t in turns if t["speculative"]]
     assert committed and all(t["reply"] and t["voice_to_voice_ms"] > 0 for t in committed)
     assert "spider" in turns[-1]["user"].lower() and turns[-1]["reply"]
+
+
+def test_the_turn_model_runs_before_the_early_decode_not_beside_it(conversation):
+    """At the first silent frame the session asks smart-turn and only then decodes: beside the
+    decode or the LLM's prompt it would take the cores they need (see agent/session.py)."""
+    from agent.trace_export import load_events
+
+    d, turns, summary, far = conversation
+    events = load_events(str(d / "run.trace.json"))
+    checks = [e for e in events if e.stage == "turn" and e.name == "eou_check"]
+    decodes = [e for e in events if e.stage == "asr" and e.name == "pause_decode"]
+    assert checks and decodes
+    led = 0
+    for dec in decodes:
+        before = [c for c in checks if c.ts_ns <= dec.ts_ns]
+        if before and before[-1].turn == dec.turn and dec.ts_ns - before[-1].ts_ns < 300_000_000:
+            assert before[-1].end_ns <= dec.ts_ns, "the decode started while the turn model ran"
+            led += 1
+    assert led >= 1, "no early decode followed a turn-model check"
