@@ -429,9 +429,9 @@ class Session:
                             self._warm_prompt_cache(hyp.text)
             elif op == "pause_decode":
                 t_end, n = arg
-                # skip it when a later silence superseded it, when the user is speaking again
+                # skip it when the user is speaking again or a later silence superseded this one
                 # (their next silence asks anew), or when this turn's decodes are spent
-                if (self._early_n is None or self._early_n[0] != t_end or self.turns.in_speech
+                if (not self._still_silent_since(t_end)
                         or self._pause_decodes >= self.config.max_speculations_per_turn):
                     continue
                 self._pause_decodes += 1
@@ -441,11 +441,11 @@ class Session:
                 eou = self._start_eou_check(t_end)
                 if eou is not None:
                     await asyncio.wait([eou])
-                    if self.turns.in_speech or self._early_n is None or self._early_n[0] != t_end:
+                    if not self._still_silent_since(t_end):
                         continue  # the user went on meanwhile: their next silence decodes
                 hyp = await asyncio.to_thread(self._traced, "asr", "pause_decode", lambda: self._asr.decode(n))
                 self._decoded = (t_end, hyp)
-                if not self.turns.in_speech and self._early_n is not None and self._early_n[0] == t_end:
+                if self._still_silent_since(t_end):
                     # still silent: speculate on the transcript, before the pause too
                     self._start_eou_check(t_end)  # if the model was busy with an earlier silence
                     await self._on_pause_transcript(hyp)
@@ -461,6 +461,12 @@ class Session:
                 await self._send({"type": "final", "turn": rec.index, "text": hyp.text,
                                   "words": [[w.text, round(w.start, 3), round(w.end, 3)] for w in hyp.words]})
                 await self._on_final(rec)
+
+    def _still_silent_since(self, t_speech_end: float) -> bool:
+        """The user has said nothing since the silence that began at `t_speech_end` (the one the
+        last early decode was asked for)."""
+        return (not self.turns.in_speech and self._early_n is not None
+                and self._early_n[0] == t_speech_end)
 
     async def _on_pause_transcript(self, hyp: Hypothesis) -> None:
         """The transcript up to the current silence: speculate on it (concurrent mode) and let

@@ -13,10 +13,11 @@ States::
 
 - `decode_after_s` of silence (one VAD frame) emits `SpeechStopped`: the session decodes the
   utterance so far at once (the decode, ~0.1 s of CPU, is the longest stage on the critical
-  path). When the decode ends and the user is still silent, the session speculates on it (LLM +
-  TTS, audio held back) and then asks the end-of-turn model (after the decode, not beside it:
-  they would share the cores). A verdict that comes before the pause is kept (`on_eou`) and acted
-  on when the pause is confirmed, so a complete turn ends at the pause. If the user goes on
+  path). The session first asks the end-of-turn model (alone, before the decode: beside the
+  decode or the LLM they would share the cores), then decodes, and when the decode ends and the
+  user is still silent it speculates on the transcript (LLM + TTS, audio held back). A verdict
+  that comes before the pause is kept (`on_eou`) and acted on when the pause is confirmed, so a
+  complete turn ends at the pause. If the user goes on
   (`min_speech_s` of speech) before the pause, `SpeechResumed` cancels the speculation and the
   early verdict is dropped; the next silence asks anew.
 - A *pause* (`pause_s` of silence after speech) emits `SpeechPaused`: the session speculates
