@@ -33,7 +33,8 @@ from tts.chunking import TextChunker, ends_sentence
 
 log = logging.getLogger("duplex.session")
 ASR_RATE = 16000
-VAD_FRAME_S = 512 / ASR_RATE
+VAD_FRAME = 512  # samples per VAD window, aligned with the stream's start
+VAD_FRAME_S = VAD_FRAME / ASR_RATE
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a friendly voice assistant. Reply in one or two short, plain English sentences.")
@@ -280,12 +281,13 @@ class Session:
         self._wall_at_t = time.perf_counter()
         self._recent.push(x)
         probs = await asyncio.to_thread(self._vad, x)
+        levels = self._recent.window_levels(len(probs), VAD_FRAME)
         t_first = self._t_audio - x.size / ASR_RATE
         commands = []
         for i, p in enumerate(probs):
             # frames complete at roughly the end of this chunk; spread them back over it
             t = max(t_first, self._t_audio - (len(probs) - 1 - i) * VAD_FRAME_S)
-            commands += self.turns.on_vad(t, p, VAD_FRAME_S)
+            commands += self.turns.on_vad(t, p, VAD_FRAME_S, levels[i] if i < len(levels) else None)
         if self._utterance_active:
             await self._asr_q.put(("audio", x))
             self._asr_samples += x.size
@@ -361,7 +363,8 @@ class Session:
             return None
         self._eou_asked = t_speech_end
         # the verdict counts once the pause is confirmed: ask about the audio as it will be then
-        audio = as_of_pause(self._recent.last(self._recent.capacity), self._t_audio - t_speech_end,
+        # (the pause is Silero's silence; a quiet frame before it is still part of the audio)
+        audio = as_of_pause(self._recent.last(self._recent.capacity), self.turns.vad_silence_s,
                             self.config.turns.pause_s)
 
         async def check() -> None:
@@ -811,12 +814,23 @@ class AudioRing:
         self._n = 0  # total samples ever pushed
 
     def push(self, x: np.ndarray) -> None:
-        x = x[-self.capacity:]
-        i = self._n % self.capacity
+        total = x.size
+        x = x[-self.capacity:]  # older samples of a chunk longer than the ring are gone anyway
+        i = (self._n + total - x.size) % self.capacity
         k = min(x.size, self.capacity - i)
         self._buf[i:i + k] = x[:k]
         self._buf[:x.size - k] = x[k:]
-        self._n += x.size
+        self._n += total
+
+    def window_levels(self, count: int, window: int) -> list[float]:
+        """RMS of the last `count` complete `window`-sample windows of the stream (windows
+        aligned with its first sample, as the VAD's are); fewer if the ring no longer holds them."""
+        end = self._n - self._n % window
+        count = min(count, end // window, (self.capacity - self._n % window) // window)
+        if count <= 0:
+            return []
+        x = self.last(self._n - end + count * window)[:count * window].reshape(count, window)
+        return np.sqrt(np.mean(np.square(x, dtype=np.float64), axis=1)).tolist()
 
     def last(self, n: int) -> np.ndarray:
         n = min(n, self._n, self.capacity)

@@ -234,3 +234,59 @@ def test_a_blip_during_the_pause_does_not_void_the_verdict():
     assert d.m.state == P
     d.log += d.m.on_eou(d.t, 0.9, asked)
     assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
+
+
+# ---- the early-decode hint: a quiet frame while Silero still says speech ----------------------
+def _frames_with_levels(d: Driver, frames: list[tuple[float, float]]) -> Driver:
+    """(Silero probability, frame RMS) per 32 ms frame."""
+    for prob, level in frames:
+        d.t = round(d.t + F, 6)
+        d.log += d.m.on_vad(d.t, prob, F, level)
+    return d
+
+
+LOUD, QUIET = (0.999, 0.1), (0.8, 0.001)  # QUIET: 40 dB below the loud frames, Silero falling
+SILENT = (0.05, 0.0005)
+
+
+def test_a_quiet_frame_starts_the_early_decode_a_frame_before_silero_but_not_the_pause():
+    d = _frames_with_levels(Driver(), [SILENT] * 4 + [LOUD] * 30 + [QUIET] + [SILENT] * 6)
+    assert d.kinds() == [StartUtterance, SpeechStopped]
+    stop = d.log[1]
+    # the speech ended where the quiet frame began; the decode is asked for right after it
+    assert abs(stop.t_speech_end - 34 * F) < 1e-6
+    assert d.m.state == U  # the pause counts Silero's silence only: 6 frames < 0.2 s
+    _frames_with_levels(d, [SILENT]).eou(0.9)
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
+    assert d.log[2].t_speech_end == d.log[3].t_speech_end == stop.t_speech_end  # one silence
+    # without the level, the same probabilities stop one frame later
+    plain = Driver().frames("...." + "#" * 31 + "." * 7)
+    assert plain.kinds()[:2] == [StartUtterance, SpeechStopped]
+    assert abs(plain.log[1].t_speech_end - 35 * F) < 1e-6
+
+
+def test_a_quiet_frame_does_not_count_while_silero_is_sure_or_when_the_hint_is_off():
+    sure = _frames_with_levels(Driver(), [LOUD] * 30 + [(0.99, 0.001)] + [LOUD] * 10)
+    assert sure.kinds() == [StartUtterance]
+    off = _frames_with_levels(Driver(quiet_db=None), [LOUD] * 30 + [QUIET] + [LOUD] * 10)
+    assert off.kinds() == [StartUtterance]
+    # a frame only 20 dB down is not quiet at -35 dB
+    mild = _frames_with_levels(Driver(), [LOUD] * 30 + [(0.8, 0.01)] + [LOUD] * 10)
+    assert mild.kinds() == [StartUtterance]
+
+
+def test_speech_after_a_quiet_frame_resumes_the_utterance():
+    d = _frames_with_levels(Driver(), [LOUD] * 30 + [QUIET] + [LOUD] * 2)
+    assert d.kinds() == [StartUtterance, SpeechStopped]
+    _frames_with_levels(d, [LOUD] * 2)  # 4 loud frames >= min_speech_s: they went on
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechResumed]
+    _frames_with_levels(d, [LOUD] * 10 + [SILENT] * 8).eou(0.9)
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechResumed, SpeechStopped, SpeechPaused, EndOfTurn]
+    assert d.states() == [U, P, T]
+
+
+def test_a_verdict_asked_at_the_quiet_frame_is_kept_for_the_pause():
+    d = _frames_with_levels(Driver(), [LOUD] * 30 + [QUIET]).eou(0.9)  # Silero: still speech
+    assert d.kinds() == [StartUtterance, SpeechStopped]
+    _frames_with_levels(d, [SILENT] * 7)
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
