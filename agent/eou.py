@@ -15,7 +15,8 @@ What the model expects (read from pipecat's `LocalSmartTurnAnalyzerV3`, pipecat-
 
 The feature code is a small numpy re-implementation of that recipe (the math of
 `transformers.WhisperFeatureExtractor`, Apache-2.0); importing neither pipecat nor transformers
-keeps start-up fast. Blocking (~tens of ms a call on one core): call it from a worker thread.
+keeps start-up fast. Blocking (~30 ms a call on one core, ~23 ms on two): call it from a worker
+thread.
 """
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ def as_of_pause(audio_16k: np.ndarray, heard_silence_s: float, pause_s: float) -
 
 
 class SmartTurn:
-    """The smart-turn v3.2 end-of-turn classifier (ONNX, CPU, one thread, no spinning)."""
+    """The smart-turn v3.2 end-of-turn classifier (ONNX, CPU, `threads` threads, no spinning)."""
 
     def __init__(self, model_path: str | Path | None = None, threads: int = 1):
         self.model_path = Path(model_path or pipecat_asset("audio", "turn", "smart_turn", "data",

@@ -3,7 +3,8 @@ the voice's own pause. Pure checks on synthetic audio, then the real Piper voice
 import numpy as np
 import pytest
 
-from tts.joins import KEEP_AFTER_CLAUSE_S, KEEP_BEFORE_CONTINUATION_S, KEEP_INSIDE_PHRASE_S, trim_join
+from tts.joins import (KEEP_AFTER_CLAUSE_S, KEEP_BEFORE_CONTINUATION_S, KEEP_BEFORE_SENTENCE_S, KEEP_INSIDE_PHRASE_S,
+                       trim_join)
 
 SR = 1000  # 1 sample per ms keeps the arithmetic readable
 
@@ -21,7 +22,8 @@ def edges(x: np.ndarray) -> tuple[int, int]:
 
 def test_cut_inside_a_phrase_keeps_almost_no_silence():
     out = trim_join(tone(50, 400, 200), SR, "The capital of France", continues=False)
-    assert edges(out) == (50, int(KEEP_INSIDE_PHRASE_S * SR))  # the answer's first chunk keeps its onset
+    # the answer's first chunk: its sound starts almost at once, and the cut leaves no hole
+    assert edges(out) == (int(KEEP_BEFORE_SENTENCE_S * SR), int(KEEP_INSIDE_PHRASE_S * SR))
 
 
 def test_after_a_clause_mark_a_breath_remains():
@@ -33,7 +35,7 @@ def test_continuation_loses_its_lead_and_a_sentence_end_keeps_its_tail():
     out = trim_join(tone(50, 400, 200), SR, "is Paris.", continues=True)
     assert edges(out) == (int(KEEP_BEFORE_CONTINUATION_S * SR), 200)
     out = trim_join(tone(50, 400, 200), SR, "It is lovely!", continues=False)
-    assert edges(out) == (50, 200)
+    assert edges(out) == (int(KEEP_BEFORE_SENTENCE_S * SR), 200)
 
 
 def test_silence_and_empty_audio_pass_through():
@@ -59,7 +61,8 @@ async def test_piper_cut_sentence_has_no_hole_at_the_cut():
         loud = np.flatnonzero(np.abs(x.astype(np.float32)) > quiet)
         return loud[0] / sr * 1000, (x.size - 1 - loud[-1]) / sr * 1000
 
-    (_, tail0), (lead1, tail1), (lead2, _) = (lead_tail_ms(c.pcm) for c in chunks)
+    (lead0, tail0), (lead1, tail1), (lead2, _) = (lead_tail_ms(c.pcm) for c in chunks)
+    assert lead0 <= KEEP_BEFORE_SENTENCE_S * 1000 + 1, lead0  # the answer is heard at once
     assert tail0 + lead1 <= 60, (tail0, lead1)  # the cut inside the sentence: no audible hole
     assert tail1 + lead2 >= 120, (tail1, lead2)  # between sentences: the voice's own pause stays
     assert [c.text for c in chunks] == ["The capital of France", "is Paris.", "It is lovely."]

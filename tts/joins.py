@@ -5,7 +5,9 @@ voice synthesizes each piece as if it were a whole utterance, with silence befor
 Piper (joe-medium) leaves ~50 ms in front and ~140-240 ms behind. Played back to back, a cut in
 the middle of a sentence would become a ~0.2 s hole ("The capital of France ... is Paris").
 `trim_join` shortens the silence on the sides of a cut: to a short breath after a clause mark,
-to almost nothing inside a phrase. Sentence ends keep the voice's own pause.
+to almost nothing inside a phrase. Sentence ends keep the voice's own pause. A sentence's start
+keeps only `KEEP_BEFORE_SENTENCE_S` of the voice's lead-in (Piper: ~35-50 ms): the answer's first
+sound is then heard that much sooner, and between sentences the previous one's pause remains.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ SILENCE = 0.01  # |amplitude| (of full scale) below which a sample counts as sil
 KEEP_AFTER_CLAUSE_S = 0.12  # a comma's breath
 KEEP_INSIDE_PHRASE_S = 0.03
 KEEP_BEFORE_CONTINUATION_S = 0.02
+KEEP_BEFORE_SENTENCE_S = 0.01
 
 
 def trim_join(pcm: np.ndarray, sample_rate: int, text: str, continues: bool) -> np.ndarray:
@@ -27,9 +30,8 @@ def trim_join(pcm: np.ndarray, sample_rate: int, text: str, continues: bool) -> 
     loud = np.flatnonzero(np.abs(pcm.astype(np.float32)) > SILENCE * 32768)
     if loud.size == 0:
         return pcm
-    start, end = 0, pcm.size
-    if continues:
-        start = max(0, int(loud[0]) - int(KEEP_BEFORE_CONTINUATION_S * sample_rate))
+    lead = KEEP_BEFORE_CONTINUATION_S if continues else KEEP_BEFORE_SENTENCE_S
+    start, end = max(0, int(loud[0]) - int(lead * sample_rate)), pcm.size
     if not ends_sentence(text):
         keep = KEEP_AFTER_CLAUSE_S if ends_clause(text) else KEEP_INSIDE_PHRASE_S
         end = min(pcm.size, int(loud[-1]) + 1 + int(keep * sample_rate))
