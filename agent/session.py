@@ -363,8 +363,10 @@ class Session:
             return None
         self._eou_asked = t_speech_end
         # the verdict counts once the pause is confirmed: ask about the audio as it will be then
-        # (the pause is Silero's silence; a quiet frame before it is still part of the audio)
-        audio = as_of_pause(self._recent.last(self._recent.capacity), self.turns.vad_silence_s,
+        # (the pause is Silero's silence; a quiet frame before it is still part of the audio).
+        # Up to the last VAD frame, so that the silence after the speech is the same whatever
+        # the transport's chunking (smart-turn's verdict can flip with 32 ms more of it).
+        audio = as_of_pause(self._recent.last_whole(self._recent.capacity, VAD_FRAME), self.turns.vad_silence_s,
                             self.config.turns.pause_s)
 
         async def check() -> None:
@@ -831,6 +833,13 @@ class AudioRing:
             return []
         x = self.last(self._n - end + count * window)[:count * window].reshape(count, window)
         return np.sqrt(np.mean(np.square(x, dtype=np.float64), axis=1)).tolist()
+
+    def last_whole(self, n: int, window: int) -> np.ndarray:
+        """At most `n` samples, ending where the last complete `window` ends (windows aligned
+        with the stream's first sample): the audio the VAD has scored."""
+        pending = self._n % window
+        x = self.last(n + pending)
+        return x[:x.size - pending][-n:]
 
     def last(self, n: int) -> np.ndarray:
         n = min(n, self._n, self.capacity)

@@ -16,6 +16,25 @@ def test_audio_ring_keeps_only_the_last_samples():
     assert ring.last(100).tolist() == list(range(120, 130))
 
 
+def test_audio_ring_windows_stay_aligned_with_the_stream_start():
+    # the VAD scores 512-sample windows from the stream's first sample; the ring's levels and
+    # "audio up to the last scored window" must use the same boundaries, even after a wrap
+    # and a chunk longer than the ring
+    ring, stream = AudioRing(1500), []
+    rng = np.random.default_rng(0)
+    for n in (300, 700, 1, 2600, 512, 90, 1023):
+        x = rng.standard_normal(n).astype(np.float32)
+        ring.push(x)
+        stream.append(x)
+        s = np.concatenate(stream)
+        whole = s.size - s.size % 512
+        assert np.array_equal(ring.last_whole(900, 512), s[:whole][-900:])
+        want = [float(np.sqrt(np.mean(s[i:i + 512].astype(np.float64) ** 2))) for i in range(0, whole, 512)]
+        got = ring.window_levels(2, 512)
+        assert len(got) == min(2, len(want), (1500 - s.size % 512) // 512)
+        assert np.allclose(got, want[len(want) - len(got):])
+
+
 def test_turn_log_keeps_recent_turns_by_absolute_index():
     log = TurnLog(keep=3)
     for i in range(10):
