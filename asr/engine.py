@@ -161,7 +161,7 @@ class StreamingEngine(nn.Module):
     """A pool of B recognition slots; `step` advances every active slot by one frame."""
 
     def __init__(self, lm: KyutaiLM, mimi: MimiStreamingEncoder, batch_size: int,
-                 dtype: torch.dtype = torch.float32, compile: bool = False):
+                 dtype: torch.dtype = torch.float32, compile: bool = False, tune_convs: bool = False):
         super().__init__()
         if mimi.batch != batch_size:
             raise ValueError("Mimi encoder was built for a different batch size")
@@ -186,6 +186,9 @@ class StreamingEngine(nn.Module):
         self.register_buffer("v0", v0, persistent=False)
         self.register_buffer("tok0", tok0, persistent=False)
         self._ar = torch.arange(B, device=dev)
+        # CPU, eager: time oneDNN against im2col-matmul for each Mimi conv at this B (off by
+        # default: the choice depends on timing, so two pools may compute in different ways)
+        self.conv_paths = mimi.tune_convs() if tune_convs and not compile else []
         self._core = torch.compile(self._step_core, dynamic=False) if compile else self._step_core
         self._host_pcm = torch.zeros(B, self.frame_size, pin_memory=dev.type == "cuda")
         self._host_active = torch.zeros(B, dtype=torch.bool, pin_memory=dev.type == "cuda")

@@ -83,7 +83,7 @@ def tiny_hf_model(seed: int = 0, window: int = 8, layers: int = 2, codebooks: in
 
 def engine_from_hf(model, batch_size: int, device: str | torch.device = "cpu",
                    dtype: torch.dtype = torch.float32, window: int | None = None,
-                   compile: bool = False) -> StreamingEngine:
+                   compile: bool = False, tune_convs: bool = False) -> StreamingEngine:
     """Build our engine from a transformers Kyutai STT model (weights copied, model untouched)."""
     cfg = model.config
     lm = KyutaiLM(LMConfig.from_hf(cfg, window=window))
@@ -93,14 +93,15 @@ def engine_from_hf(model, batch_size: int, device: str | torch.device = "cpu",
                                 num_codebooks=cfg.num_codebooks)
     prefix = "codec_model."
     mimi.load_hf_state_dict({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)})
-    return StreamingEngine(lm.to(device), mimi.to(device), batch_size, dtype=dtype, compile=compile)
+    return StreamingEngine(lm.to(device), mimi.to(device), batch_size, dtype=dtype, compile=compile,
+                           tune_convs=tune_convs)
 
 
 def tiny_random(batch_size: int, seed: int = 0, device: str = "cpu", keep_hf: bool = False,
-                compile: bool = False, **shape) -> LoadedModel:
+                compile: bool = False, tune_convs: bool = False, **shape) -> LoadedModel:
     """Tiny random model, labelled as such: for tests and CPU benchmarks only."""
     model = tiny_hf_model(seed, **shape)
-    engine = engine_from_hf(model, batch_size, device=device, compile=compile)
+    engine = engine_from_hf(model, batch_size, device=device, compile=compile, tune_convs=tune_convs)
     return LoadedModel(engine=engine, asr_delay_frames=2, decode=lambda ids: "".join(f"<{i}>" for i in ids),
                        name=f"tiny-random(seed={seed}) - NOT A SPEECH MODEL", is_random=True,
                        hf_model=model if keep_hf else None)
@@ -108,13 +109,15 @@ def tiny_random(batch_size: int, seed: int = 0, device: str = "cpu", keep_hf: bo
 
 def from_pretrained(name_or_dir: str, batch_size: int, device: str = "cuda",
                     dtype: torch.dtype = torch.bfloat16, window: int | None = None,
-                    asr_delay_frames: int | None = None, compile: bool = False) -> LoadedModel:
+                    asr_delay_frames: int | None = None, compile: bool = False,
+                    tune_convs: bool = False) -> LoadedModel:
     """Load a real Kyutai STT checkpoint (hub id needs internet; a local directory does not)."""
     from transformers import AutoProcessor, KyutaiSpeechToTextForConditionalGeneration
 
     name = _TRFS_ALIASES.get(name_or_dir, name_or_dir)
     model = KyutaiSpeechToTextForConditionalGeneration.from_pretrained(name, dtype=torch.float32)
-    engine = engine_from_hf(model, batch_size, device=device, dtype=dtype, window=window, compile=compile)
+    engine = engine_from_hf(model, batch_size, device=device, dtype=dtype, window=window, compile=compile,
+                            tune_convs=tune_convs)
     processor = AutoProcessor.from_pretrained(name)
     if asr_delay_frames is None:
         seconds = getattr(processor.feature_extractor, "audio_delay_seconds", None)

@@ -6,7 +6,8 @@ Modes:
   `--model`). Reports RTF, WER/CER against `--refs`, first-word and per-word latency
   percentiles, and RSS (plus torch.cuda memory in-process on CUDA) over time.
 - `--engine-throughput`: tiny random engine on this machine, B = 1, 4, 16: step time and
-  throughput (streams x frames / s) batched versus B sequential single-stream runs.
+  throughput (streams x frames / s) batched versus B sequential single-stream runs. Each pool
+  times its Mimi convs' paths first, as `asr-serve` does (`--no-tune-convs`: oneDNN for all).
 - `--memory`: RSS over a synthetic one-hour stream (45,000 engine steps), then over a client
   flooding an in-process server at 10x real time.
 Figures are printed; nothing here asserts speed.
@@ -204,7 +205,7 @@ def _cer(refs: list[str], hyps: list[str]) -> float:
 
 # ---- engine throughput ---------------------------------------------------------------------
 def engine_throughput(sizes: list[int], steps: int, threads: int | None, hidden: int, layers: int,
-                      compile: bool = False) -> int:
+                      compile: bool = False, tune_convs: bool = True) -> int:
     import torch
 
     from asr.kyutai import engine_from_hf, tiny_hf_model
@@ -214,7 +215,7 @@ def engine_throughput(sizes: list[int], steps: int, threads: int | None, hidden:
     hf = tiny_hf_model(seed=0, window=64, hidden=hidden, layers=layers)
     print(f"random engine on CPU: LM hidden={hidden} layers={layers} window=64, tiny Mimi; "
           f"torch threads={torch.get_num_threads()}, {steps} timed steps, "
-          f"{'torch.compile' if compile else 'eager'}")
+          f"{'torch.compile' if compile else 'eager'}, Mimi convs {'tuned per layer' if tune_convs and not compile else 'oneDNN'}")
 
     def time_steps(engine, n):
         B = engine.batch_size
@@ -237,14 +238,20 @@ def engine_throughput(sizes: list[int], steps: int, threads: int | None, hidden:
         engine.mimi.reset_rows(torch.arange(B))
         return total, mimi
 
-    single, single_mimi = time_steps(engine_from_hf(hf, 1, compile=compile), steps)
+    def engine(B):
+        e = engine_from_hf(hf, B, compile=compile, tune_convs=tune_convs)
+        if e.conv_paths:
+            print(f"  B={B} Mimi convs: {' '.join(p for p in e.conv_paths if p != 'pointwise')}")
+        return e
+
+    single, single_mimi = time_steps(engine(1), steps)
     # B sequential single-stream runs of `steps` frames each take B * steps * single seconds, so
     # their throughput is 1 / single frames per second whatever B is.
     print(f"single stream: step {single * 1e3:.3f} ms (Mimi {single_mimi * 1e3:.3f} ms) = {1 / single:.0f} frames/s")
     print(f"{'B':>3} {'step ms':>8} {'Mimi ms':>8} {'batched fr/s':>13} {'sequential fr/s':>16} {'ratio':>6} "
           f"{'ratio/B':>8} {'LM-only ratio/B':>16}")
     for B in sizes:
-        t_b, m_b = time_steps(engine_from_hf(hf, B, compile=compile), steps)
+        t_b, m_b = time_steps(engine(B), steps)
         ratio = (B / t_b) / (1 / single)
         lm_ratio = (B / max(t_b - m_b, 1e-9)) / (1 / max(single - single_mimi, 1e-9))  # nan if compiled
         print(f"{B:>3} {t_b * 1e3:>8.3f} {m_b * 1e3:>8.3f} {B / t_b:>13.0f} {1 / single:>16.0f} {ratio:>6.2f} "
@@ -342,13 +349,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=32, help="--engine-throughput: LM width")
     p.add_argument("--layers", type=int, default=2, help="--engine-throughput: LM layers")
     p.add_argument("--compile", action="store_true", help="--engine-throughput: torch.compile the step")
+    p.add_argument("--no-tune-convs", dest="tune_convs", action="store_false",
+                   help="--engine-throughput: oneDNN for every Mimi conv (default: timed against "
+                        "im2col-matmul per layer, as asr-serve does)")
     p.add_argument("--memory", action="store_true")
     p.add_argument("--memory-steps", type=int, default=45_000)
     p.add_argument("--flood-seconds", type=float, default=600.0)
     p.add_argument("--flood-speed", type=float, default=10.0)
     args = p.parse_args(argv)
     if args.engine_throughput:
-        return engine_throughput(args.sizes, args.steps, args.threads, args.hidden, args.layers, args.compile)
+        return engine_throughput(args.sizes, args.steps, args.threads, args.hidden, args.layers, args.compile,
+                             args.tune_convs)
     if args.memory:
         return memory_mode(args)
     return asyncio.run(load_test(args))

@@ -12,6 +12,7 @@ updates state only for active rows, so idle rows may hold any garbage.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -99,7 +100,18 @@ def rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Te
 
 
 class _StreamConv(nn.Module):
-    """Causal Conv1d with a per-slot left-context buffer of `kernel_eff - stride` samples."""
+    """Causal Conv1d with a per-slot left-context buffer of `kernel_eff - stride` samples.
+
+    Three ways to compute it, with the same math (`path`): oneDNN's convolution (`F.conv1d`, the
+    default), torch's native im2col-and-GEMM kernel ("native", the one it picks itself for a batch
+    of one), or our own im2col plus one batched matmul ("im2col"). On CPU none wins everywhere:
+    oneDNN pays ~40 us a call on any batch above one for narrow layers (4 channels x 1920 samples
+    at B=4: 46 us against 14 us native), the native kernel loses on wide layers (64 -> 32
+    channels: 641 against 286 us), and im2col wins on narrow short ones. `MimiStreamingEncoder.
+    tune_convs` times them per layer.
+    """
+
+    PATHS = ("onednn", "native", "im2col")
 
     def __init__(self, batch: int, cin: int, cout: int, k: int, stride: int = 1, dilation: int = 1,
                  bias: bool = True, replicate: bool = False):
@@ -107,7 +119,29 @@ class _StreamConv(nn.Module):
         self.conv = nn.Conv1d(cin, cout, k, stride, dilation=dilation, bias=bias)
         self.pad = (k - 1) * dilation + 1 - stride
         self.replicate = replicate
+        self.path = "onednn"
         self.register_buffer("cache", torch.zeros(batch, cin, self.pad), persistent=False)
+
+    def convolve(self, inp: torch.Tensor) -> torch.Tensor:
+        """The convolution of an already left-padded input (B, cin, pad + L)."""
+        c = self.conv
+        if self.path == "onednn":
+            return c(inp)
+        k, s, d = c.kernel_size[0], c.stride[0], c.dilation[0]
+        if self.path == "native":
+            x, w = inp.unsqueeze(2), c.weight.unsqueeze(2)
+            if d == 1:
+                y = torch._C._nn.thnn_conv2d(x, w, [1, k], c.bias, [1, s], [0, 0])
+            else:
+                y = torch._C._nn.slow_conv_dilated2d(x, w, [1, k], c.bias, [1, s], [0, 0], [1, d])
+            return y.squeeze(2)
+        cols = inp.unfold(-1, (k - 1) * d + 1, s)  # (B, cin, L_out, span)
+        if d > 1:
+            cols = cols[..., ::d]
+        b, cin, n_out, _ = cols.shape
+        cols = cols.permute(0, 1, 3, 2).reshape(b, cin * k, n_out)  # weight order: (cin, k)
+        y = torch.matmul(c.weight.reshape(c.out_channels, cin * k), cols)
+        return y if c.bias is None else y + c.bias[:, None]
 
     def forward(self, x: torch.Tensor, active: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
         if self.pad == 0 and self.conv.kernel_size[0] == 1:
@@ -122,7 +156,7 @@ class _StreamConv(nn.Module):
         inp = torch.cat([prev, x], dim=-1)
         if self.pad > 0:
             self.cache.copy_(torch.where(active[:, None, None], inp[..., inp.shape[-1] - self.pad:], self.cache))
-        return self.conv(inp)
+        return self.convolve(inp)
 
 
 class _ResBlock(nn.Module):
@@ -227,6 +261,53 @@ class MimiStreamingEncoder(nn.Module):
             cb = f"{pre[0]}layers.{pre[1]}.codebook."
             books.append(sd[cb + "embed_sum"] / sd[cb + "cluster_usage"].clamp(min=1e-5)[:, None])
         self.codebooks.copy_(torch.stack(books))
+
+    # ---- conv paths ----------------------------------------------------------------------
+    def stream_convs(self) -> list[_StreamConv]:
+        """Every convolution of the encoder, in order (SEANet, then the downsampling conv)."""
+        return [m for m in self.modules() if isinstance(m, _StreamConv)]
+
+    @torch.no_grad()
+    def tune_convs(self, repeats: int = 15, margin: float = 0.9) -> list[str]:
+        """Pick a path (`_StreamConv.PATHS`) for each convolution by timing them at this pool's
+        batch size, as `torch.backends.cudnn.benchmark` does for cuDNN; CPU only. Another path
+        replaces oneDNN only when it takes under `margin` of oneDNN's time. Streaming state is
+        left as it was. Returns the path per convolution ("pointwise": a matmul already)."""
+        convs = self.stream_convs()
+        if self.codebooks.device.type != "cpu":
+            return []
+        shapes: dict[int, torch.Size] = {}
+        hooks = [c.conv.register_forward_pre_hook(
+            lambda mod, args, i=i: (shapes.setdefault(i, args[0].shape), None)[1]) for i, c in enumerate(convs)]
+        saved = {name: b.clone() for name, b in self.named_buffers()}
+        for c in convs:
+            c.path = "onednn"
+        try:
+            ones = torch.ones(self.batch, dtype=torch.bool, device=self.codebooks.device)
+            self.step(torch.zeros(self.batch, self.spec.frame_size, device=self.codebooks.device), ones)
+        finally:
+            for h in hooks:
+                h.remove()
+            for name, b in self.named_buffers():
+                b.copy_(saved[name])
+        choices = []
+        for i, c in enumerate(convs):
+            if i not in shapes:
+                choices.append("pointwise")
+                continue
+            x = torch.randn(shapes[i], device=self.codebooks.device)
+            best: dict[str, float] = {}
+            for _ in range(repeats):  # interleaved, the minimum of each: robust to a noisy machine
+                for path in c.PATHS:
+                    c.path = path
+                    t0 = time.perf_counter()
+                    c.convolve(x)
+                    dt = time.perf_counter() - t0
+                    best[path] = min(best.get(path, dt), dt)
+            fastest = min(best, key=best.__getitem__)
+            c.path = fastest if best[fastest] < margin * best["onednn"] else "onednn"
+            choices.append(c.path)
+        return choices
 
     # ---- state ---------------------------------------------------------------------------
     @torch.no_grad()

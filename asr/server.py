@@ -148,9 +148,11 @@ def build_recognizer(args) -> Recognizer:
         import torch
 
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-        loaded = from_pretrained(args.model, args.slots, device=args.device, dtype=dtype, compile=args.compile)
+        loaded = from_pretrained(args.model, args.slots, device=args.device, dtype=dtype, compile=args.compile,
+                                 tune_convs=args.tune_convs)
     else:
-        loaded = tiny_random(args.slots, seed=0, device=args.device, compile=args.compile)
+        loaded = tiny_random(args.slots, seed=0, device=args.device, compile=args.compile,
+                             tune_convs=args.tune_convs)
     cfg = SchedulerConfig(buffer_seconds=args.buffer_seconds, admission_wait_s=args.admission_wait,
                           idle_timeout_s=args.idle_timeout, max_session_s=args.max_session)
     return EngineScheduler(loaded, cfg)
@@ -172,6 +174,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16",
                    help="LM dtype for a Kyutai --model")
     p.add_argument("--compile", action="store_true", help="torch.compile the engine step")
+    p.add_argument("--no-tune-convs", dest="tune_convs", action="store_false",
+                   help="on CPU, keep oneDNN for every Mimi conv instead of timing it against im2col-matmul "
+                        "per layer at start-up")
     p.add_argument("--api-key", action="append", default=None,
                    help="accepted kyutai-api-key (repeatable; default: public_token)")
     p.add_argument("--no-auth", action="store_true", help="accept clients without a key")

@@ -113,3 +113,47 @@ def test_mimi_streaming_equals_full_encode(hf):
     torch.testing.assert_close(torch.stack(latents), ref_latents, atol=1e-4, rtol=1e-4)
     assert torch.equal(got, ref)
     assert len(torch.unique(ref)) > 4, "degenerate codebooks"
+
+
+# ---- the three conv paths compute the same convolution ---------------------------------------
+@pytest.mark.parametrize("cin,cout,k,stride,dilation,bias", [
+    (1, 4, 7, 1, 1, True), (4, 2, 3, 1, 2, True), (8, 16, 10, 5, 1, True), (16, 16, 4, 2, 1, False)])
+@pytest.mark.parametrize("path", ["native", "im2col"])
+def test_each_conv_path_equals_onednn(cin, cout, k, stride, dilation, bias, path):
+    from asr.mimi import _StreamConv
+
+    torch.manual_seed(0)
+    conv = _StreamConv(3, cin, cout, k, stride=stride, dilation=dilation, bias=bias)
+    x = torch.randn(3, cin, conv.pad + 40 * stride)
+    with torch.no_grad():
+        ref = conv.convolve(x)
+        conv.path = path
+        got = conv.convolve(x)
+    assert got.shape == ref.shape
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["native", "im2col"])
+def test_engine_with_every_conv_on_one_path_matches_transformers(hf, path):
+    frames = 3 * WINDOW
+    audio = _audio(4, frames)
+    engine = engine_from_hf(hf, batch_size=2)
+    for conv in engine.mimi.stream_convs():
+        conv.path = path
+    tokens, logits = _run_engine_single(engine, audio, row=0)
+    ref = _hf_reference(hf, _hf_codes(hf, audio), [engine.bos_token] + tokens, WINDOW)
+    assert tokens == ref[1:].argmax(-1).tolist()
+    torch.testing.assert_close(logits, ref[1:], atol=1e-4, rtol=1e-4)
+
+
+def test_tuning_the_convs_leaves_the_streaming_state_as_it_was(hf):
+    engine = engine_from_hf(hf, batch_size=4)
+    audio = _audio(5, 3)
+    _run_engine_single(engine, audio, row=2)  # some state in the pool
+    before = {name: b.clone() for name, b in engine.named_buffers()}
+    choices = engine.mimi.tune_convs(repeats=2)
+    convs = engine.mimi.stream_convs()
+    assert len(choices) == len(convs) and set(choices) <= {"onednn", "native", "im2col", "pointwise"}
+    assert [c.path for c, p in zip(convs, choices) if p != "pointwise"] == [p for p in choices if p != "pointwise"]
+    for name, b in engine.named_buffers():
+        assert torch.equal(b, before[name]), name
