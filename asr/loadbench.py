@@ -146,8 +146,9 @@ async def load_test(args) -> int:
         from asr.scheduler import EngineScheduler, SchedulerConfig
         from asr.server import PATH, AsrServer
 
-        loaded = (from_pretrained(args.model, args.clients, device=args.device) if args.model
-                  else tiny_random(args.clients, device=args.device))
+        tune = args.tune_convs
+        loaded = (from_pretrained(args.model, args.clients, device=args.device, tune_convs=tune) if args.model
+                  else tiny_random(args.clients, device=args.device, tune_convs=tune))
         print(f"in-process server: {loaded.name}, {args.clients} slots on {args.device}")
         scheduler = EngineScheduler(loaded, SchedulerConfig())
         server = AsrServer(scheduler)
@@ -350,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=2, help="--engine-throughput: LM layers")
     p.add_argument("--compile", action="store_true", help="--engine-throughput: torch.compile the step")
     p.add_argument("--no-tune-convs", dest="tune_convs", action="store_false",
-                   help="--engine-throughput: oneDNN for every Mimi conv (default: timed against "
-                        "im2col-matmul per layer, as asr-serve does)")
+                   help="oneDNN for every Mimi conv of the engine (default, as asr-serve does: each conv's "
+                        "path is timed per layer at start-up on CPU)")
     p.add_argument("--memory", action="store_true")
     p.add_argument("--memory-steps", type=int, default=45_000)
     p.add_argument("--flood-seconds", type=float, default=600.0)
