@@ -827,11 +827,11 @@ class AudioRing:
     def window_levels(self, count: int, window: int) -> list[float]:
         """RMS of the last `count` complete `window`-sample windows of the stream (windows
         aligned with its first sample, as the VAD's are); fewer if the ring no longer holds them."""
-        end = self._n - self._n % window
-        count = min(count, end // window, (self.capacity - self._n % window) // window)
-        if count <= 0:
+        x = self.last_whole(count * window, window)
+        whole = x.size - x.size % window
+        if whole == 0:
             return []
-        x = self.last(self._n - end + count * window)[:count * window].reshape(count, window)
+        x = x[x.size - whole:].reshape(-1, window)
         return np.sqrt(np.mean(np.square(x, dtype=np.float64), axis=1)).tolist()
 
     def last_whole(self, n: int, window: int) -> np.ndarray:

@@ -12,9 +12,8 @@ States::
         '------------reply played------------------------------------------------'
 
 - `decode_after_s` of silence or of quiet frames (one VAD frame; see `quiet_db`) emits
-  `SpeechStopped`: the session decodes the
-  utterance so far at once (the decode, ~0.1 s of CPU, is the longest stage on the critical
-  path). The session first asks the end-of-turn model (alone, before the decode: beside the
+  `SpeechStopped`: the session decodes the utterance so far at once (the decode, ~0.1 s of CPU,
+  is the longest stage on the critical path). The session first asks the end-of-turn model (alone, before the decode: beside the
   decode or the LLM they would share the cores), then decodes, and when the decode ends and the
   user is still silent it speculates on the transcript (LLM + TTS, audio held back). A verdict
   that comes before the pause is kept (`on_eou`) and acted on when the pause is confirmed, so a
@@ -37,8 +36,8 @@ States::
 Defaults, and why:
 - `speech_threshold` 0.5 / `silence_threshold` 0.35: Silero's own hysteresis pair.
 - `min_speech_s` 0.1: three 32 ms frames; shorter blips (clicks) are not speech.
-- `decode_after_s` 0.03 (the first silent or quiet 32 ms frame): Silero's end of speech lags the true
-  end by ~40 ms, so the audio then holds ~70 ms after the last word, and Whisper's transcript
+- `decode_after_s` 0.03 (the first silent or quiet 32 ms frame): Silero's end of speech lags
+  the true end by ~40 ms, so the audio then holds ~70 ms after the last word, and Whisper's transcript
   is the same from 16 ms of tail on (11 bench and dev clips, tails of 16-300 ms). Pauses inside
   a sentence cost a decode each (at most `max_speculations_per_turn` run), and a speculation
   when they last longer than the decode.
