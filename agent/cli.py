@@ -79,6 +79,7 @@ def _load(args):
 
 def cmd_serve(args) -> int:
     from agent.session import Session
+    from transport.telephony.twilio_ws import TwilioTransport
     from transport.web.server import run_server
 
     from agent.trace import Tracer
@@ -87,7 +88,7 @@ def cmd_serve(args) -> int:
     counter = iter(range(1 << 62))
 
     async def handler(transport) -> None:
-        sid = f"web{next(counter)}"
+        sid = f"{'twilio' if isinstance(transport, TwilioTransport) else 'web'}{next(counter)}"
         tracer = Tracer(sid, capacity=1 << 17) if args.trace_dir else None
         session = Session(models, transport, _session_config(args), tracer=tracer, session_id=sid)
         try:
@@ -97,9 +98,15 @@ def cmd_serve(args) -> int:
                 path = os.path.join(args.trace_dir, f"{sid}.trace.json")
                 await asyncio.to_thread(_write_trace, tracer, path)
 
+    async def serve() -> None:
+        print(f"duplex: Twilio media streams at ws://{args.host}:{args.port}/twilio "
+              "(<Connect><Stream url=\"wss://YOUR-HOST/twilio\"/>)", flush=True)
+        await run_server(handler, args.host, args.port, models.tts.sample_rate,
+                         routes={"/twilio": TwilioTransport})
+
     try:
         with _profiling(args, os.path.join(args.trace_dir or ".", "serve.trace.json")):
-            asyncio.run(run_server(handler, args.host, args.port, models.tts.sample_rate))
+            asyncio.run(serve())
     except KeyboardInterrupt:
         pass
     return 0
@@ -177,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("serve", help="serve the browser agent over HTTP + WebSocket")
+    p = sub.add_parser("serve", help="serve the browser agent over HTTP + WebSocket, and Twilio media streams")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--trace-dir", help="write a Perfetto trace (+ JSONL log) per session here")

@@ -559,6 +559,7 @@ class Session:
             rec.reply_text = "".join(rec.tokens).strip()
             heard = playout.heard_text(self.transport.reports_playout) if playout else ""
             rec.heard_text = heard
+            self.tracer.instant("turn", "interrupted", turn=rec.index, heard=heard)
             self._remember(rec.user_text, heard)
             if playout is not None and playout.clauses:
                 k = playout.interrupted_clause(self.transport.reports_playout)

@@ -37,6 +37,15 @@ class ClientEvent:
 InputEvent = AudioIn | Played | ClientEvent
 
 
+class ProtocolError(ValueError):
+    """A message from the far end that breaks its wire format; `code` names the rule broken.
+    Transports answer or log it and go on: one bad message never ends a session."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
 @dataclass(frozen=True)
 class AudioOut:
     pcm: np.ndarray  # int16 mono

@@ -24,16 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from transport.base import ProtocolError
+
 MIN_RATE, MAX_RATE = 8000, 48000
 MAX_AUDIO_BYTES = 48000  # 0.5 s at 48 kHz; the page sends 640 bytes per 20 ms at 16 kHz
 MAX_TEXT_BYTES = 4096
 CLIENT_TYPES = {"hello", "played", "ping", "metrics"}
-
-
-class ProtocolError(ValueError):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from transport.audio import Int16RateAdapter
-from transport.base import AudioIn, AudioOut, ClientEvent, InputEvent, Played
+from transport.base import AudioIn, AudioOut, ClientEvent, InputEvent, Played, Transport
 from transport.web.protocol import (
     ClientAudio, ProtocolError, decode_client, encode_audio, encode_event, error_event)
 
@@ -98,32 +98,42 @@ def _static_response(path: str) -> Response:
                                         ("Cache-Control", "no-store")]), body)
 
 
-Handler = Callable[[WebSocketTransport], Awaitable[None]]
+Handler = Callable[[Transport], Awaitable[None]]
+TransportFactory = Callable[[ServerConnection], Transport]
+
+
+def _path(request: Request) -> str:
+    return request.path.split("?")[0]
 
 
 async def run_server(handler: Handler, host: str, port: int, output_sample_rate: int,
-                     ready: asyncio.Event | None = None, max_connections: int = 16) -> None:
-    """Serve until cancelled. `handler(transport)` runs one conversation per WebSocket."""
+                     ready: asyncio.Event | None = None, max_connections: int = 16,
+                     routes: dict[str, TransportFactory] | None = None) -> None:
+    """Serve until cancelled. `handler(transport)` runs one conversation per WebSocket: the
+    browser's at /ws, and one more transport per path in `routes` (a phone media stream, say)."""
     live = 0
+    factories: dict[str, TransportFactory] = {"/ws": lambda ws: WebSocketTransport(ws, output_sample_rate),
+                                              **(routes or {})}
 
     def process_request(connection: ServerConnection, request: Request):
-        if request.path.split("?")[0] == "/ws":
+        if _path(request) in factories:
             if live >= max_connections:
                 return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "too many sessions\n")
             return None
-        return _static_response(request.path.split("?")[0])
+        return _static_response(_path(request))
 
     async def on_ws(ws: ServerConnection) -> None:
         nonlocal live
         live += 1
         try:
-            await handler(WebSocketTransport(ws, output_sample_rate))
+            await handler(factories[_path(ws.request)](ws))
         except Exception:
             log.exception("session failed")
-            try:
-                await ws.send(error_event("internal", "the session failed; see the server log"))
-            except ConnectionClosed:
-                pass
+            if _path(ws.request) == "/ws":  # the page shows errors; a phone peer reads none
+                try:
+                    await ws.send(error_event("internal", "the session failed; see the server log"))
+                except ConnectionClosed:
+                    pass
         finally:
             live -= 1
 

@@ -1,0 +1,231 @@
+"""Twilio Media Streams, bidirectional (`<Connect><Stream url="wss://host/twilio"/>`), Sans-I/O.
+
+Wire format (JSON text frames; what Twilio documents and pipecat's `TwilioFrameSerializer` speaks):
+
+Twilio -> us
+  {"event": "connected", "protocol": "Call", "version": "1.0.0"}
+  {"event": "start", "streamSid": S, "start": {"streamSid": S, "callSid": C, "accountSid": A,
+      "tracks": ["inbound"], "customParameters": {...},
+      "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}}
+  {"event": "media", "streamSid": S, "media": {"track": "inbound", "chunk": "2",
+      "timestamp": "40", "payload": base64 of 8 kHz mu-law (160 bytes = 20 ms)}}
+  {"event": "dtmf", "streamSid": S, "dtmf": {"track": "inbound_track", "digit": "5"}}
+  {"event": "mark", "streamSid": S, "mark": {"name": N}}    a mark we sent has been reached
+  {"event": "stop", "streamSid": S, "stop": {"callSid": C, "accountSid": A}}
+us -> Twilio
+  {"event": "media", "streamSid": S, "media": {"payload": base64 mu-law}}   queued for playback
+  {"event": "mark", "streamSid": S, "mark": {"name": N}}    echoed back once the audio before it played
+  {"event": "clear", "streamSid": S}                        drop all queued audio (barge-in)
+
+Twilio buffers everything sent to it and plays it in order, so what the caller heard is known
+only from marks. `TwilioCall` puts a mark before each audio piece ("s<id>": the piece starts) and
+one after it ("e<id>": it ended), and turns their echoes into `Played` events. After a `clear`,
+echoes of the marks that were queued are ignored: Twilio hands them all back, and that audio was
+never played. Its echoes do not say which marks were reached and which were cleared, so an echo
+still on the wire when we send `clear` is dropped with them (the caller heard at most one
+network round trip more than we count).
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from transport.base import AudioIn, ClientEvent, InputEvent, Played, ProtocolError
+from transport.telephony.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+
+RATE = 8000
+MAX_MESSAGE_CHARS = 64 * 1024
+MAX_PAYLOAD_BYTES = 8000  # 1 s of audio in one message; Twilio sends 20 ms (160 bytes)
+MAX_PENDING_MARKS = 1024  # a peer that never echoes marks cannot grow our memory
+DTMF_DIGITS = set("0123456789*#ABCDabcd")
+ENCODINGS = {"audio/x-mulaw": (ulaw_decode, ulaw_encode), "audio/x-alaw": (alaw_decode, alaw_encode)}
+
+
+@dataclass(frozen=True)
+class Connected:
+    protocol: str
+
+
+@dataclass(frozen=True)
+class Start:
+    stream_sid: str
+    call_sid: str = ""
+    account_sid: str = ""
+    tracks: tuple[str, ...] = ("inbound",)
+    custom_parameters: dict = field(default_factory=dict)
+    encoding: str = "audio/x-mulaw"
+    sample_rate: int = RATE
+    channels: int = 1
+
+
+@dataclass(frozen=True)
+class Media:
+    payload: bytes  # G.711 bytes as sent
+    track: str = "inbound"
+
+
+@dataclass(frozen=True)
+class Mark:
+    name: str
+
+
+@dataclass(frozen=True)
+class Dtmf:
+    digit: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    call_sid: str = ""
+
+
+TwilioEvent = Connected | Start | Media | Mark | Dtmf | Stop
+
+
+def _obj(msg: dict, key: str) -> dict:
+    value = msg.get(key)
+    if not isinstance(value, dict):
+        raise ProtocolError("bad_message", f"'{msg.get('event')}' message needs a '{key}' object")
+    return value
+
+
+def _str(obj: dict, key: str, default: str | None = None, limit: int = 256) -> str:
+    value = obj.get(key, default)
+    if not isinstance(value, str) or len(value) > limit:
+        raise ProtocolError("bad_message", f"'{key}' must be a string of at most {limit} characters")
+    return value
+
+
+def parse_message(message: str | bytes) -> TwilioEvent:
+    """Decode one message from Twilio, or raise ProtocolError saying what is wrong with it."""
+    if not isinstance(message, str):
+        raise ProtocolError("bad_message", "Twilio sends JSON text frames, not binary ones")
+    if len(message) > MAX_MESSAGE_CHARS:
+        raise ProtocolError("frame_too_large", f"message of {len(message)} chars exceeds {MAX_MESSAGE_CHARS}")
+    try:
+        msg = json.loads(message)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ProtocolError("bad_json", f"malformed JSON: {exc}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
+        raise ProtocolError("bad_message", "a message must be a JSON object with a string 'event'")
+    event = msg["event"]
+    if event == "connected":
+        return Connected(_str(msg, "protocol", ""))
+    if event == "start":
+        start = _obj(msg, "start")
+        sid = _str(start, "streamSid", msg.get("streamSid"))
+        fmt = start.get("mediaFormat", {})
+        if not isinstance(fmt, dict):
+            raise ProtocolError("bad_message", "'mediaFormat' must be an object")
+        rate, channels = fmt.get("sampleRate", RATE), fmt.get("channels", 1)
+        encoding = _str(fmt, "encoding", "audio/x-mulaw")
+        if encoding not in ENCODINGS or rate != RATE or channels != 1:
+            raise ProtocolError("unsupported_format",
+                                f"media format {encoding} {rate!r} Hz x{channels!r}: only 8000 Hz mono "
+                                f"{' or '.join(sorted(ENCODINGS))} is spoken")
+        tracks = start.get("tracks", ["inbound"])
+        params = start.get("customParameters", {})
+        if not isinstance(tracks, list) or not all(isinstance(t, str) for t in tracks) or not isinstance(params, dict):
+            raise ProtocolError("bad_message", "'tracks' must be a list of strings, 'customParameters' an object")
+        return Start(sid, _str(start, "callSid", ""), _str(start, "accountSid", ""), tuple(tracks[:4]),
+                     {str(k)[:64]: v for k, v in list(params.items())[:32] if isinstance(v, str)}, encoding)
+    if event == "media":
+        media = _obj(msg, "media")
+        payload = _str(media, "payload", limit=MAX_PAYLOAD_BYTES * 4 // 3 + 4)
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise ProtocolError("bad_audio", "media payload is not valid base64") from None
+        return Media(data, _str(media, "track", "inbound"))
+    if event == "mark":
+        return Mark(_str(_obj(msg, "mark"), "name"))
+    if event == "dtmf":
+        digit = _str(_obj(msg, "dtmf"), "digit")
+        if digit not in DTMF_DIGITS:
+            raise ProtocolError("bad_message", f"unknown DTMF digit {digit[:8]!r}")
+        return Dtmf(digit)
+    if event == "stop":
+        stop = msg.get("stop", {})
+        return Stop(_str(stop, "callSid", "") if isinstance(stop, dict) else "")
+    raise ProtocolError("unknown_event", f"unknown event {event[:40]!r}")
+
+
+def media_message(stream_sid: str, payload: bytes) -> str:
+    return json.dumps({"event": "media", "streamSid": stream_sid,
+                       "media": {"payload": base64.b64encode(payload).decode("ascii")}})
+
+
+def mark_message(stream_sid: str, name: str) -> str:
+    return json.dumps({"event": "mark", "streamSid": stream_sid, "mark": {"name": name}})
+
+
+def clear_message(stream_sid: str) -> str:
+    return json.dumps({"event": "clear", "streamSid": stream_sid})
+
+
+class CallEnded(Exception):
+    """Twilio said `stop`: the call is over."""
+
+
+class TwilioCall:
+    """One media stream's state, with no I/O: messages in, transport events and messages out."""
+
+    def __init__(self) -> None:
+        self.start: Start | None = None
+        self._decode, self._encode = ENCODINGS["audio/x-mulaw"]
+        self._pending: OrderedDict[str, tuple[int, str]] = OrderedDict()  # mark name -> (chunk id, event)
+        self.dropped_audio = 0  # pieces sent before `start` named the stream (nowhere to send them)
+
+    @property
+    def stream_sid(self) -> str | None:
+        return self.start.stream_sid if self.start else None
+
+    def receive(self, message: str | bytes, now: float | None = None) -> InputEvent | None:
+        """One message from Twilio -> an input event, or None when it carries none. Raises
+        ProtocolError for a bad message and CallEnded on `stop`."""
+        ev = parse_message(message)
+        if isinstance(ev, Start):
+            self.start = ev
+            self._decode, self._encode = ENCODINGS[ev.encoding]
+            return ClientEvent("call_start", {"stream_sid": ev.stream_sid, "call_sid": ev.call_sid,
+                                              **{f"param_{k}": v for k, v in ev.custom_parameters.items()}})
+        if isinstance(ev, Media):
+            if self.start is None:
+                raise ProtocolError("no_start", "media before the 'start' message")
+            if ev.track not in ("inbound", "inbound_track"):
+                return None  # our own audio echoed back (tracks="both_tracks"): not the caller
+            pcm = self._decode(ev.payload)
+            return AudioIn(pcm.astype(np.float32) / 32768.0, RATE)
+        if isinstance(ev, Mark):
+            hit = self._pending.pop(ev.name, None)
+            if hit is None:
+                return None  # cleared before it played, or not ours
+            return Played(hit[0], hit[1], now)
+        if isinstance(ev, Dtmf):
+            return ClientEvent("dtmf", {"digit": ev.digit})
+        if isinstance(ev, Stop):
+            raise CallEnded(ev.call_sid)
+        return None  # connected
+
+    def audio(self, chunk_id: int, pcm16: np.ndarray) -> list[str]:
+        """Messages that queue one piece of 8 kHz int16 audio for playback, between two marks."""
+        sid = self.stream_sid
+        if sid is None:
+            self.dropped_audio += 1
+            return []
+        start, end = f"s{chunk_id}", f"e{chunk_id}"
+        for name, event in ((start, "start"), (end, "end")):
+            self._pending[name] = (chunk_id, event)
+        while len(self._pending) > MAX_PENDING_MARKS:
+            self._pending.popitem(last=False)
+        return [mark_message(sid, start), media_message(sid, self._encode(pcm16)), mark_message(sid, end)]
+
+    def clear(self) -> list[str]:
+        """Messages that drop everything queued at Twilio; its marks will never count as played."""
+        self._pending.clear()
+        return [clear_message(self.stream_sid)] if self.stream_sid else []
