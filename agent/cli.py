@@ -79,6 +79,7 @@ def _load(args):
 
 def cmd_serve(args) -> int:
     from agent.session import Session
+    from transport.telephony.audiosocket_server import AudioSocketTransport, run_audiosocket_server
     from transport.telephony.twilio_ws import TwilioTransport
     from transport.web.server import run_server
 
@@ -88,7 +89,8 @@ def cmd_serve(args) -> int:
     counter = iter(range(1 << 62))
 
     async def handler(transport) -> None:
-        sid = f"{'twilio' if isinstance(transport, TwilioTransport) else 'web'}{next(counter)}"
+        kind = {TwilioTransport: "twilio", AudioSocketTransport: "sip"}.get(type(transport), "web")
+        sid = f"{kind}{next(counter)}"
         tracer = Tracer(sid, capacity=1 << 17) if args.trace_dir else None
         session = Session(models, transport, _session_config(args), tracer=tracer, session_id=sid)
         try:
@@ -101,8 +103,11 @@ def cmd_serve(args) -> int:
     async def serve() -> None:
         print(f"duplex: Twilio media streams at ws://{args.host}:{args.port}/twilio "
               "(<Connect><Stream url=\"wss://YOUR-HOST/twilio\"/>)", flush=True)
-        await run_server(handler, args.host, args.port, models.tts.sample_rate,
-                         routes={"/twilio": TwilioTransport})
+        servers = [run_server(handler, args.host, args.port, models.tts.sample_rate,
+                              routes={"/twilio": TwilioTransport})]
+        if args.audiosocket:
+            servers.append(run_audiosocket_server(handler, args.host, args.audiosocket))
+        await asyncio.gather(*servers)
 
     try:
         with _profiling(args, os.path.join(args.trace_dir or ".", "serve.trace.json")):
@@ -188,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--trace-dir", help="write a Perfetto trace (+ JSONL log) per session here")
+    p.add_argument("--audiosocket", type=int, metavar="PORT",
+                   help="also take phone calls from Asterisk's AudioSocket on this TCP port (SIP through a PBX)")
     _trace_args(p)
     _model_args(p)
     p.set_defaults(func=cmd_serve)

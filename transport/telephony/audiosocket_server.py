@@ -1,0 +1,161 @@
+"""asyncio shell for Asterisk AudioSocket: a TCP server, each call a `Transport`.
+
+A reader task turns frames into input events and a pacer task sends reply audio at real time,
+20 ms a frame; both feed one bounded queue that `receive` reads, so a session that stops reading
+stops the socket being read (TCP pushes back on Asterisk). The conversation handler is injected:
+this module knows nothing of the agent.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from transport.audio import Int16RateAdapter
+from transport.base import AudioOut, InputEvent, ProtocolError
+from transport.telephony.audiosocket import (
+    FRAME_S, AudioSocketCall, CallEnded, FrameParser, Playback, encode_audio, encode_frame, HANGUP)
+
+log = logging.getLogger("duplex.audiosocket")
+READ_BYTES = 4096
+_END = object()
+
+
+class AudioSocketTransport:
+    reports_playout = True  # we pace the audio ourselves, so we know what went out when
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_events: int = 256):
+        self.reader, self.writer = reader, writer
+        self.call = AudioSocketCall()
+        self._events: asyncio.Queue = asyncio.Queue(maxsize=max_events)
+        self._playback: Playback | None = None
+        self._to_rate: Int16RateAdapter | None = None
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self.errors = 0
+        self.closed = False
+
+    @property
+    def output_sample_rate(self) -> int:
+        return self.call.rate
+
+    def _start(self) -> None:
+        if not self._tasks:
+            self._tasks = [asyncio.create_task(self._read(), name="audiosocket-read"),
+                           asyncio.create_task(self._pace(), name="audiosocket-pace")]
+
+    async def _read(self) -> None:
+        parser = FrameParser()
+        try:
+            while data := await self.reader.read(READ_BYTES):
+                for frame in parser.feed(data):
+                    try:
+                        event = self.call.receive(frame)
+                    except ProtocolError as exc:
+                        self.errors += 1
+                        log.warning("audiosocket call %s: %s (%s); frame skipped", self.call.call_id, exc, exc.code)
+                        continue
+                    if event is not None:
+                        await self._events.put(event)
+        except CallEnded:
+            pass
+        except (ConnectionError, OSError) as exc:
+            log.info("audiosocket call %s: connection lost: %s", self.call.call_id, exc)
+        finally:
+            self.closed = True
+            self._wake.set()
+            await self._events.put(_END)
+
+    async def _pace(self) -> None:
+        due = time.perf_counter()
+        while not self.closed:
+            playback = self._playback
+            frame, events = playback.tick(time.perf_counter()) if playback else (None, [])
+            if frame is not None:
+                try:
+                    self.writer.write(encode_audio(frame, playback.rate))
+                    await self.writer.drain()
+                except (ConnectionError, OSError):
+                    return
+            for ev in events:
+                await self._events.put(ev)
+            if frame is None:
+                if playback is None or not playback.queued:  # idle: the next piece goes out at once
+                    self._wake.clear()
+                    await self._wake.wait()
+                    due = time.perf_counter()
+                continue
+            due = max(due + FRAME_S, time.perf_counter() - 0.1)  # late by >100 ms: no burst to catch up
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+
+    async def receive(self) -> InputEvent | None:
+        self._start()
+        event = await self._events.get()
+        return None if event is _END else event
+
+    async def send_audio(self, chunk: AudioOut) -> None:
+        rate = self.call.rate
+        if self._playback is None or self._playback.rate != rate:
+            self._playback, self._to_rate = Playback(rate), Int16RateAdapter(rate)
+        try:
+            self._playback.push(chunk.chunk_id, self._to_rate(chunk.pcm, chunk.sample_rate))
+        except OverflowError as exc:
+            log.warning("audiosocket call %s: %s; piece %d dropped", self.call.call_id, exc, chunk.chunk_id)
+        self._wake.set()
+
+    async def clear(self) -> None:
+        if self._playback is not None:
+            self._playback.clear()
+
+    async def send_event(self, event: dict) -> None:
+        """A phone has no screen: UI events go nowhere."""
+
+    async def close(self) -> None:
+        self.closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        with contextlib.suppress(ConnectionError, OSError):
+            if not self.writer.is_closing():
+                self.writer.write(encode_frame(HANGUP))
+                await self.writer.drain()
+            self.writer.close()
+
+
+Handler = Callable[[AudioSocketTransport], Awaitable[None]]
+
+
+async def run_audiosocket_server(handler: Handler, host: str, port: int, ready: asyncio.Event | None = None,
+                                 max_connections: int = 16) -> None:
+    """Serve AudioSocket calls until cancelled; `handler(transport)` runs one conversation each.
+    Calls beyond `max_connections` are hung up at once."""
+    live = 0
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal live
+        transport = AudioSocketTransport(reader, writer)
+        if live >= max_connections:
+            log.warning("audiosocket: %d calls already; hanging up", live)
+            await transport.close()
+            return
+        live += 1
+        try:
+            await handler(transport)
+        except Exception:
+            log.exception("audiosocket session failed")
+        finally:
+            live -= 1
+            await transport.close()
+
+    server = await asyncio.start_server(on_connect, host, port)
+    async with server:
+        bound = server.sockets[0].getsockname()
+        print(f"duplex: Asterisk AudioSocket on {host}:{bound[1]} (dialplan: AudioSocket(${{UUID}},HOST:{bound[1]}))",
+              flush=True)
+        if ready is not None:
+            ready.set()
+        await server.serve_forever()
