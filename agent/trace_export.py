@@ -37,6 +37,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections import defaultdict
@@ -370,11 +371,25 @@ def validate_perfetto(doc: Any) -> list[str]:
     return errs
 
 
+@contextlib.contextmanager
+def _written_whole(path: str):
+    """A text file that appears at `path` only once it is complete (written beside it, then
+    renamed): whoever watches the trace directory never reads half a trace."""
+    _mkdir_for(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def write_perfetto(events: Tracer | Iterable[Event], path: str, **kw: Any) -> str:
     """Write a Perfetto/Chrome trace JSON file; returns ``path``."""
     doc = to_perfetto(events, **kw)
-    _mkdir_for(path)
-    with open(path, "w", encoding="utf-8") as f:
+    with _written_whole(path) as f:
         json.dump(doc, f, separators=(",", ":"))
     return path
 
@@ -436,9 +451,8 @@ def write_jsonl(
                     client_offset_ns=tracer.clock_offset())
     elif session is not None:
         meta["session"] = session
-    _mkdir_for(path)
     enc = json.JSONEncoder(separators=(",", ":"), default=str)
-    with open(path, "w", encoding="utf-8") as f:
+    with _written_whole(path) as f:
         f.write(enc.encode({"meta": meta}) + "\n")
         for e in evs:
             f.write(enc.encode(event_to_record(e)) + "\n")

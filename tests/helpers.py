@@ -1,9 +1,14 @@
 """Shared test helpers: synthetic speech with flite, WAV building, a free port."""
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import socket
 import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -56,3 +61,37 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=1).read()
+            return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(url)
+
+
+@contextlib.contextmanager
+def duplex_serve(*args: str):
+    """`duplex serve --port PORT *args` in a subprocess, up and answering HTTP; yields PORT and
+    prints the end of its output when it stops."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), *args]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/", proc)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            out, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        print(out[-4000:])

@@ -7,33 +7,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 
-from helpers import free_port, say, silence
+from helpers import duplex_serve, say, silence
 
 pytestmark = [pytest.mark.browser, pytest.mark.models]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        except OSError:
-            time.sleep(0.3)
-    raise TimeoutError(url)
 
 
 @pytest.fixture(scope="module")
@@ -59,22 +43,8 @@ def trace_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(trace_dir):
-    port = free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), "--llm", "smollm2-135m",
-           "--trace-dir", str(trace_dir)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/", proc)
+    with duplex_serve("--llm", "smollm2-135m", "--trace-dir", str(trace_dir)) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        print(out[-4000:])
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (scripts/setup.sh installs it)")

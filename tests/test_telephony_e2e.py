@@ -1,19 +1,18 @@
-"""A phone call through `duplex serve`'s Twilio endpoint, with the real default models.
+"""Phone calls to `duplex serve`, with the real default models: one through the Twilio endpoint,
+then one through AudioSocket, as Asterisk would make it.
 
-The test plays Twilio's part of a bidirectional media stream: it sends the caller's audio as
+As Twilio, the test plays its part of a bidirectional media stream: it sends the caller's audio as
 8 kHz mu-law at real-time pace (encoded with audioop, not our codec), plays what the bot sends
 on its own 20 ms clock, echoes each mark when playback reaches it, and on `clear` drops its
-queue and hands back the queued marks, as Twilio does. The caller asks a question, asks for a
-story and talks over it.
+queue and hands back the queued marks, as Twilio does. As Asterisk, it sends 20 ms slin frames
+and plays the bot's frames as they arrive. In both calls the caller asks a question, asks for
+a story and talks over it, after a few malformed messages the call must survive.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
-import os
-import subprocess
-import sys
 import time
 import warnings
 from collections import deque
@@ -21,9 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from helpers import free_port, say, silence
-from test_browser_e2e import wait_http
+from helpers import duplex_serve, free_port, say, silence
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -63,6 +60,10 @@ class FakeTwilio:
         await self.send("start", start={"streamSid": SID, "accountSid": "AC0", "callSid": "CA0", "tracks": ["inbound"],
                                         "customParameters": {},
                                         "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}})
+        # bad input the call must survive (Twilio reads no errors: the server logs and skips them)
+        for bad in ("{not json", json.dumps({"event": "media", "media": {"payload": "@@"}}),
+                    json.dumps({"event": "hangup"}), b"\x00binary"):
+            await self.ws.send(bad)
         self.t0 = time.perf_counter()
         reader = asyncio.create_task(self.read())
         pcm = (np.clip(caller_8k, -1, 1) * 32767).astype(np.int16)
@@ -133,22 +134,10 @@ def script(tmp_path_factory):
 def server(tmp_path_factory):
     """`duplex serve` with the Twilio endpoint and an AudioSocket port; calls run one at a time."""
     d = tmp_path_factory.mktemp("traces")
-    port, sip_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), "--audiosocket", str(sip_port),
-           "--llm", "smollm2-135m", "--trace-dir", str(d), "--max-tokens", "300", "--system-prompt", STORYTELLER]
-    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/", proc)
+    sip_port = free_port()
+    with duplex_serve("--audiosocket", str(sip_port), "--llm", "smollm2-135m", "--trace-dir", str(d),
+                      "--max-tokens", "300", "--system-prompt", STORYTELLER) as port:
         yield port, sip_port, d
-    finally:
-        proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        print(out[-3000:])
 
 
 def session_trace(trace_dir: Path, prefix: str):
@@ -191,8 +180,8 @@ def reply_text(events, turn: int) -> str:
 def assert_understood_and_answered(earpiece: np.ndarray, marks: dict, events) -> None:
     """The question was recognised from phone audio, and what the caller heard after it (8 kHz
     int16, on the call's timeline) is the bot's answer, transcribed by Whisper."""
-    from asr.whisper import WhisperRecognizer
     from asr.wer import wer
+    from asr.whisper import WhisperRecognizer
     from transport.audio import resample
 
     finals = [e for e in events if e.stage == "asr" and e.name == "final" and e.args.get("text")]
@@ -255,10 +244,17 @@ class FakeAsterisk:
         self.arrivals: list[tuple[float, np.ndarray]] = []  # (seconds since the call began, frame)
 
     async def call(self, port: int, caller_8k: np.ndarray) -> None:
-        from transport.telephony.audiosocket import HANGUP, UUID, FrameParser, encode_audio, encode_frame
+        from transport.telephony.audiosocket import (
+            HANGUP,
+            UUID,
+            FrameParser,
+            encode_audio,
+            encode_frame,
+        )
 
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(encode_frame(UUID, bytes(range(16))))
+        writer.write(encode_frame(0x42, b"?") + encode_frame(0x10, b"\x00\x01\x02"))  # bad: skipped, logged
         t0 = time.perf_counter()
 
         async def read() -> None:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from transport.audio import Int16RateAdapter
 from transport.base import AudioOut, InputEvent, ProtocolError
 from transport.telephony.audiosocket import (
-    FRAME_S, AudioSocketCall, CallEnded, FrameParser, Playback, encode_audio, encode_frame, HANGUP)
+    FRAME_S, HANGUP, AudioSocketCall, CallEnded, FrameParser, Playback, encode_audio, encode_frame)
 
 log = logging.getLogger("duplex.audiosocket")
 READ_BYTES = 4096
@@ -55,7 +55,8 @@ class AudioSocketTransport:
                         event = self.call.receive(frame)
                     except ProtocolError as exc:
                         self.errors += 1
-                        log.warning("audiosocket call %s: %s (%s); frame skipped", self.call.call_id, exc, exc.code)
+                        if self.errors <= 10 or self.errors % 1000 == 0:  # a broken peer must not flood the log
+                            log.warning("audiosocket call %s: %s (%s); frame skipped", self.call.call_id, exc, exc.code)
                         continue
                     if event is not None:
                         await self._events.put(event)

@@ -37,6 +37,7 @@ import numpy as np
 
 from transport.base import AudioIn, ClientEvent, InputEvent, Played, ProtocolError
 from transport.telephony.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from transport.wire import json_object
 
 RATE = 8000
 MAX_MESSAGE_CHARS = 64 * 1024
@@ -105,14 +106,7 @@ def parse_message(message: str | bytes) -> TwilioEvent:
     """Decode one message from Twilio, or raise ProtocolError saying what is wrong with it."""
     if not isinstance(message, str):
         raise ProtocolError("bad_message", "Twilio sends JSON text frames, not binary ones")
-    if len(message) > MAX_MESSAGE_CHARS:
-        raise ProtocolError("frame_too_large", f"message of {len(message)} chars exceeds {MAX_MESSAGE_CHARS}")
-    try:
-        msg = json.loads(message)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProtocolError("bad_json", f"malformed JSON: {exc}") from None
-    if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
-        raise ProtocolError("bad_message", "a message must be a JSON object with a string 'event'")
+    msg = json_object(message, MAX_MESSAGE_CHARS, "event")
     event = msg["event"]
     if event == "connected":
         return Connected(_str(msg, "protocol", ""))

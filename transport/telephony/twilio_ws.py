@@ -9,11 +9,10 @@ from __future__ import annotations
 import logging
 import time
 
-from websockets.exceptions import ConnectionClosed
-
 from transport.audio import Int16RateAdapter
 from transport.base import AudioOut, InputEvent, ProtocolError
 from transport.telephony.twilio import RATE, CallEnded, TwilioCall
+from transport.websocket_io import recv_or_none, send_all
 
 log = logging.getLogger("duplex.twilio")
 
@@ -28,18 +27,10 @@ class TwilioTransport:
         self._to_8k = Int16RateAdapter(RATE)
         self.errors = 0
 
-    async def _send(self, messages: list[str]) -> None:
-        try:
-            for m in messages:
-                await self.ws.send(m)
-        except ConnectionClosed:
-            pass
-
     async def receive(self) -> InputEvent | None:
         while True:
-            try:
-                message = await self.ws.recv()
-            except ConnectionClosed:
+            message = await recv_or_none(self.ws)
+            if message is None:
                 return None
             try:
                 event = self.call.receive(message, time.perf_counter())
@@ -47,16 +38,17 @@ class TwilioTransport:
                 return None
             except ProtocolError as exc:
                 self.errors += 1
-                log.warning("twilio stream %s: %s (%s); message skipped", self.call.stream_sid, exc, exc.code)
+                if self.errors <= 10 or self.errors % 1000 == 0:  # a broken peer must not flood the log
+                    log.warning("twilio stream %s: %s (%s); message skipped", self.call.stream_sid, exc, exc.code)
                 continue
             if event is not None:
                 return event
 
     async def send_audio(self, chunk: AudioOut) -> None:
-        await self._send(self.call.audio(chunk.chunk_id, self._to_8k(chunk.pcm, chunk.sample_rate)))
+        await send_all(self.ws, *self.call.audio(chunk.chunk_id, self._to_8k(chunk.pcm, chunk.sample_rate)))
 
     async def clear(self) -> None:
-        await self._send(self.call.clear())
+        await send_all(self.ws, *self.call.clear())
 
     async def send_event(self, event: dict) -> None:
         """A phone has no screen: UI events go nowhere."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from transport.base import ProtocolError
+from transport.wire import json_object
 
 MIN_RATE, MAX_RATE = 8000, 48000
 MAX_AUDIO_BYTES = 48000  # 0.5 s at 48 kHz; the page sends 640 bytes per 20 ms at 16 kHz
@@ -56,14 +57,7 @@ def decode_client(message: str | bytes) -> ClientAudio | ClientControl:
         return ClientAudio(pcm)
     if not isinstance(message, str):
         raise ProtocolError("bad_message", f"unsupported message type {type(message).__name__}")
-    if len(message) > MAX_TEXT_BYTES:
-        raise ProtocolError("frame_too_large", f"text message of {len(message)} chars exceeds {MAX_TEXT_BYTES}")
-    try:
-        obj = json.loads(message)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProtocolError("bad_json", f"malformed JSON: {exc}") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
-        raise ProtocolError("bad_message", "a control message must be a JSON object with a string 'type'")
+    obj = json_object(message, MAX_TEXT_BYTES, "type")
     kind = obj["type"]
     if kind not in CLIENT_TYPES:
         raise ProtocolError("unknown_type", f"unknown message type {kind[:40]!r}")

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
-from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from transport.audio import Int16RateAdapter
 from transport.base import AudioIn, AudioOut, ClientEvent, InputEvent, Played, Transport
+from transport.websocket_io import recv_or_none, send_all
 from transport.web.protocol import (
     ClientAudio, ProtocolError, decode_client, encode_audio, encode_event, error_event)
 
@@ -42,16 +42,12 @@ class WebSocketTransport:
         self.errors = 0
 
     async def _send(self, message: str | bytes) -> None:
-        try:
-            await self.ws.send(message)
-        except ConnectionClosed:
-            pass
+        await send_all(self.ws, message)
 
     async def receive(self) -> InputEvent | None:
         while True:
-            try:
-                message = await self.ws.recv()
-            except ConnectionClosed:
+            message = await recv_or_none(self.ws)
+            if message is None:
                 return None
             try:
                 decoded = decode_client(message)
@@ -130,10 +126,7 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
         except Exception:
             log.exception("session failed")
             if _path(ws.request) == "/ws":  # the page shows errors; a phone peer reads none
-                try:
-                    await ws.send(error_event("internal", "the session failed; see the server log"))
-                except ConnectionClosed:
-                    pass
+                await send_all(ws, error_event("internal", "the session failed; see the server log"))
         finally:
             live -= 1
 
