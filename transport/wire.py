@@ -1,7 +1,9 @@
-"""Pieces every wire format shares: one JSON control message, checked before anything reads it."""
+"""Pieces every wire format shares: one JSON control message, checked before anything reads it,
+and a tally of a peer's bad messages."""
 from __future__ import annotations
 
 import json
+import logging
 
 from transport.base import ProtocolError
 
@@ -18,3 +20,17 @@ def json_object(message: str, max_chars: int, key: str) -> dict:
     if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
         raise ProtocolError("bad_message", f"a message must be a JSON object with a string '{key}'")
     return obj
+
+
+class BadInput:
+    """Counts one peer's bad messages (`count`) and logs the first ten, then every 1000th: a
+    broken peer must not flood the log, and one that reads no errors (a phone network) is still
+    diagnosable."""
+
+    def __init__(self, log: logging.Logger, what: str) -> None:
+        self.log, self.what, self.count = log, what, 0
+
+    def __call__(self, exc: ProtocolError, peer: str | None) -> None:
+        self.count += 1
+        if self.count <= 10 or self.count % 1000 == 0:
+            self.log.warning("%s %s: %s (%s); skipped (%d bad so far)", self.what, peer, exc, exc.code, self.count)

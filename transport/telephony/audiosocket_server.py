@@ -17,6 +17,7 @@ from transport.audio import Int16RateAdapter
 from transport.base import AudioOut, InputEvent, ProtocolError
 from transport.telephony.audiosocket import (
     FRAME_S, HANGUP, AudioSocketCall, CallEnded, FrameParser, Playback, encode_audio, encode_frame)
+from transport.wire import BadInput
 
 log = logging.getLogger("duplex.audiosocket")
 READ_BYTES = 4096
@@ -34,7 +35,7 @@ class AudioSocketTransport:
         self._to_rate: Int16RateAdapter | None = None
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        self.errors = 0
+        self.bad_input = BadInput(log, "audiosocket call")
         self.closed = False
 
     @property
@@ -54,9 +55,7 @@ class AudioSocketTransport:
                     try:
                         event = self.call.receive(frame)
                     except ProtocolError as exc:
-                        self.errors += 1
-                        if self.errors <= 10 or self.errors % 1000 == 0:  # a broken peer must not flood the log
-                            log.warning("audiosocket call %s: %s (%s); frame skipped", self.call.call_id, exc, exc.code)
+                        self.bad_input(exc, self.call.call_id)
                         continue
                     if event is not None:
                         await self._events.put(event)

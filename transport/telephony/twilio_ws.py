@@ -13,6 +13,7 @@ from transport.audio import Int16RateAdapter
 from transport.base import AudioOut, InputEvent, ProtocolError
 from transport.telephony.twilio import RATE, CallEnded, TwilioCall
 from transport.websocket_io import recv_or_none, send_all
+from transport.wire import BadInput
 
 log = logging.getLogger("duplex.twilio")
 
@@ -25,7 +26,7 @@ class TwilioTransport:
         self.call = TwilioCall()
         self.output_sample_rate = RATE
         self._to_8k = Int16RateAdapter(RATE)
-        self.errors = 0
+        self.bad_input = BadInput(log, "twilio stream")
 
     async def receive(self) -> InputEvent | None:
         while True:
@@ -37,9 +38,7 @@ class TwilioTransport:
             except CallEnded:
                 return None
             except ProtocolError as exc:
-                self.errors += 1
-                if self.errors <= 10 or self.errors % 1000 == 0:  # a broken peer must not flood the log
-                    log.warning("twilio stream %s: %s (%s); message skipped", self.call.stream_sid, exc, exc.code)
+                self.bad_input(exc, self.call.stream_sid)
                 continue
             if event is not None:
                 return event
