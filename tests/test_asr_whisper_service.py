@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import sys
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -137,6 +139,33 @@ async def test_kyutai_own_client_script_unchanged():
     duration = sf.info(str(DEV / clip)).duration
     assert starts == sorted(starts) and all(s <= e for s, e in zip(starts, stops))
     assert 0.9 <= starts[0] and stops[-1] <= 1.0 + duration + 0.2, (starts, stops)
+
+
+PEERS_PY = Path(__file__).resolve().parents[1] / ".venv-peers" / "bin" / "python"
+LIVEKIT_CLIENT = Path(__file__).parent / "peers" / "livekit_kyutai_stt.py"
+
+
+async def test_livekit_agents_kyutai_stt_plugin_unchanged(tmp_path):
+    """A LiveKit Agents user's Kyutai STT plugin (`livekit-plugins-kyutai-lasuite`, written for
+    moshi-server), pointed at our server: its SpeechEvents carry the clip's words, in order."""
+    if not PEERS_PY.exists():
+        if os.environ.get("CI"):
+            pytest.fail("the peers virtualenv is missing: `make test` makes it (scripts/setup_peers.sh)")
+        pytest.skip("run scripts/setup_peers.sh (make test does) for the LiveKit plugin")
+    clip = CLIPS[0]
+    wav = tmp_path / "clip24k.wav"
+    sf.write(wav, clip_24k(clip), RATE, subtype="PCM_16")
+    async with whisper_server(slots=1) as (_, url):
+        proc = await asyncio.create_subprocess_exec(
+            str(PEERS_PY), str(LIVEKIT_CLIENT), url, str(wav),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    words = [w["text"] for w in result["words"]]
+    assert wer([reference(clip)], [" ".join(words)]) <= 0.15, (words, reference(clip))
+    starts = [w["start_time"] for w in result["words"]]
+    assert starts == sorted(starts) and 0 <= starts[0] < starts[-1] <= sf.info(str(wav)).duration, starts
 
 
 async def collect_until_marker(session, marker_id: int) -> list:
