@@ -80,7 +80,8 @@ def _load(args):
 def cmd_serve(args) -> int:
     from agent.session import Session
     from transport.telephony.audiosocket_server import AudioSocketTransport, run_audiosocket_server
-    from transport.telephony.twilio_ws import TwilioTransport
+    from transport.telephony.media_streams import TELNYX, TWILIO
+    from transport.telephony.media_streams_ws import MediaStreamTransport
     from transport.web.server import run_server
 
     from agent.trace import Tracer
@@ -89,7 +90,8 @@ def cmd_serve(args) -> int:
     counter = iter(range(1 << 62))
 
     async def handler(transport) -> None:
-        kind = {TwilioTransport: "twilio", AudioSocketTransport: "sip"}.get(type(transport), "web")
+        kind = ("sip" if isinstance(transport, AudioSocketTransport) else
+                transport.call.dialect.name if isinstance(transport, MediaStreamTransport) else "web")
         sid = f"{kind}{next(counter)}"
         tracer = Tracer(sid, capacity=1 << 17) if args.trace_dir else None
         session = Session(models, transport, _session_config(args), tracer=tracer, session_id=sid)
@@ -101,10 +103,10 @@ def cmd_serve(args) -> int:
                 await asyncio.to_thread(_write_trace, tracer, path)
 
     async def serve() -> None:
-        print(f"duplex: Twilio media streams at ws://{args.host}:{args.port}/twilio "
-              "(<Connect><Stream url=\"wss://YOUR-HOST/twilio\"/>)", flush=True)
-        servers = [run_server(handler, args.host, args.port, models.tts.sample_rate,
-                              routes={"/twilio": TwilioTransport})]
+        print(f"duplex: phone media streams at ws://{args.host}:{args.port}/twilio (Twilio: <Connect><Stream "
+              f"url=\"wss://YOUR-HOST/twilio\"/>) and /telnyx (Telnyx: stream_url, bidirectional rtp)", flush=True)
+        routes = {f"/{d.name}": (lambda ws, d=d: MediaStreamTransport(ws, d)) for d in (TWILIO, TELNYX)}
+        servers = [run_server(handler, args.host, args.port, models.tts.sample_rate, routes=routes)]
         if args.audiosocket:
             servers.append(run_audiosocket_server(handler, args.host, args.audiosocket))
         await asyncio.gather(*servers)
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("serve", help="serve the browser agent over HTTP + WebSocket, and Twilio media streams")
+    p = sub.add_parser("serve", help="serve the browser agent over HTTP + WebSocket, and phone calls")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--trace-dir", help="write a Perfetto trace (+ JSONL log) per session here")

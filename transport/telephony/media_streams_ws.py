@@ -1,8 +1,8 @@
-"""asyncio shell for Twilio Media Streams: one WebSocket from Twilio as a `Transport`.
+"""asyncio shell for Twilio-style media streams (Twilio, Telnyx): one WebSocket as a `Transport`.
 
-The wire format and the mark bookkeeping live in `transport.telephony.twilio` (Sans-I/O); this
-only moves messages. Twilio reads no error messages, so a bad one is logged, counted and
-skipped: the call goes on.
+The wire format and the mark bookkeeping live in `transport.telephony.media_streams` (Sans-I/O);
+this only moves messages. The far end reads no error messages, so a bad one is logged, counted
+and skipped: the call goes on.
 """
 from __future__ import annotations
 
@@ -11,22 +11,22 @@ import time
 
 from transport.audio import Int16RateAdapter
 from transport.base import AudioOut, InputEvent, ProtocolError
-from transport.telephony.twilio import RATE, CallEnded, TwilioCall
+from transport.telephony.media_streams import RATE, TWILIO, CallEnded, Dialect, MediaStreamCall
 from transport.websocket_io import recv_or_none, send_all
 from transport.wire import BadInput
 
-log = logging.getLogger("duplex.twilio")
+log = logging.getLogger("duplex.phone")
 
 
-class TwilioTransport:
-    reports_playout = True  # from the marks Twilio echoes back
+class MediaStreamTransport:
+    reports_playout = True  # from the marks the far end echoes back
 
-    def __init__(self, ws) -> None:
+    def __init__(self, ws, dialect: Dialect = TWILIO) -> None:
         self.ws = ws
-        self.call = TwilioCall()
+        self.call = MediaStreamCall(dialect)
         self.output_sample_rate = RATE
         self._to_8k = Int16RateAdapter(RATE)
-        self.bad_input = BadInput(log, "twilio stream")
+        self.bad_input = BadInput(log, f"{dialect.name} stream")
 
     async def receive(self) -> InputEvent | None:
         while True:

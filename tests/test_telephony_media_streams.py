@@ -1,5 +1,6 @@
-"""Twilio media streams: G.711 against audioop (what pipecat uses), the wire format against
-pipecat's own TwilioFrameSerializer, mark bookkeeping, and fuzzed bad input."""
+"""Twilio-style media streams (Twilio, Telnyx): G.711 against audioop (what pipecat uses), the
+wire formats against pipecat's own Twilio and Telnyx serializers, mark bookkeeping, and fuzzed
+bad input."""
 import asyncio
 import base64
 import json
@@ -12,8 +13,8 @@ from hypothesis import strategies as st
 
 from transport.base import AudioIn, ClientEvent, Played, ProtocolError
 from transport.telephony.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
-from transport.telephony.twilio import (
-    MAX_PENDING_MARKS, CallEnded, TwilioCall, clear_message, media_message, parse_message)
+from transport.telephony.media_streams import (
+    MAX_PENDING_MARKS, TELNYX, TWILIO, CallEnded, MediaStreamCall, clear_message, media_message, parse_message)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -58,7 +59,7 @@ def _pipecat_serializer():
 def test_we_read_twilio_media_as_pipecats_serializer_does():
     ser = _pipecat_serializer()
     rng = np.random.default_rng(0)
-    call = TwilioCall()
+    call = MediaStreamCall()
     call.receive(start_message())
     for _ in range(5):
         payload = rng.integers(0, 256, 160, dtype=np.uint8).tobytes()
@@ -79,21 +80,38 @@ def test_we_write_media_and_clear_as_pipecats_serializer_does():
     assert json.loads(clear_message(SID)) == json.loads(asyncio.run(ser.serialize(InterruptionFrame())))
 
 
-def test_a_call_end_to_end_in_messages():
-    call = TwilioCall()
+TELNYX_ID = "32DE0DEA-53CB-4B21-89A4-9E1819C043BC"
+
+
+def telnyx_start_message():
+    """The start frame as Telnyx's Media Streaming reference shows it."""
+    return json.dumps({"event": "start", "sequence_number": "1", "stream_id": TELNYX_ID,
+                       "start": {"user_id": "3E6F995F-85F7-4705-9741-53B116D28237", "call_control_id": "v2:T02llQ",
+                                 "call_session_id": "ff55a038", "from": "+13122010094", "to": "+13122123456",
+                                 "custom_parameters": {"caller": "+15550100"},
+                                 "media_format": {"encoding": "PCMU", "sample_rate": 8000, "channels": 1}}})
+
+
+DIALECTS = {"twilio": (TWILIO, start_message, SID, "CA1"), "telnyx": (TELNYX, telnyx_start_message, TELNYX_ID, "v2:T02llQ")}
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_a_call_end_to_end_in_messages(name):
+    dialect, start_msg, sid, call_id = DIALECTS[name]
+    call = MediaStreamCall(dialect)
     assert call.receive(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"})) is None
     assert call.audio(1, np.zeros(80, np.int16)) == [] and call.dropped_audio == 1  # no stream yet
-    ev = call.receive(start_message())
-    assert ev == ClientEvent("call_start", {"stream_sid": SID, "call_sid": "CA1", "param_caller": "+15550100"})
+    ev = call.receive(start_msg())
+    assert ev == ClientEvent("call_start", {"stream_sid": sid, "call_sid": call_id, "param_caller": "+15550100"})
     pcm = np.array([0, 1000, -1000, 32767], np.int16)
     ev = call.receive(inbound_media(ulaw_encode(pcm)))
     assert np.allclose(ev.pcm * 32768, ulaw_decode(ulaw_encode(pcm)))
     assert call.receive(inbound_media(b"\xff" * 160, track="outbound")) is None  # our own audio echoed
     msgs = [json.loads(m) for m in call.audio(7, pcm)]
     assert [m["event"] for m in msgs] == ["mark", "media", "mark"]
-    assert all(m["streamSid"] == SID for m in msgs)
+    assert all(m.get("streamSid") == (sid if name == "twilio" else None) for m in msgs)
     start, end = msgs[0]["mark"]["name"], msgs[2]["mark"]["name"]
-    echo = lambda name: json.dumps({"event": "mark", "streamSid": SID, "mark": {"name": name}})  # noqa: E731
+    echo = lambda name: json.dumps({"event": "mark", "mark": {"name": name}})  # noqa: E731
     assert call.receive(echo(start), now=1.5) == Played(7, "start", 1.5)
     assert call.receive(echo(end), now=1.6) == Played(7, "end", 1.6)
     assert call.receive(echo(end)) is None  # a second echo means nothing
@@ -103,8 +121,36 @@ def test_a_call_end_to_end_in_messages():
         call.receive(json.dumps({"event": "stop", "streamSid": SID, "stop": {"callSid": "CA1"}}))
 
 
+def _telnyx_serializer(encoding: str):
+    from types import SimpleNamespace
+
+    from pipecat.serializers.telnyx import TelnyxFrameSerializer
+
+    params = TelnyxFrameSerializer.InputParams(sample_rate=8000, auto_hang_up=False)
+    ser = TelnyxFrameSerializer(TELNYX_ID, encoding, encoding, params=params)
+    asyncio.run(ser.setup(SimpleNamespace(audio_in_sample_rate=8000)))
+    return ser
+
+
+@pytest.mark.parametrize("encoding", ["PCMU", "PCMA"])
+def test_telnyx_wire_format_matches_pipecats_telnyx_serializer(encoding):
+    from pipecat.frames.frames import InterruptionFrame, OutputAudioRawFrame
+
+    ser = _telnyx_serializer(encoding)
+    call = MediaStreamCall(TELNYX)
+    call.receive(telnyx_start_message().replace('"PCMU"', f'"{encoding}"'))
+    payload = np.random.default_rng(1).integers(0, 256, 160, dtype=np.uint8).tobytes()
+    msg = inbound_media(payload).replace('"streamSid"', '"stream_id"')
+    theirs = np.frombuffer(asyncio.run(ser.deserialize(msg)).audio, dtype=np.int16)
+    assert np.array_equal(np.round(call.receive(msg).pcm * 32768).astype(np.int16), theirs)
+    pcm = (np.sin(np.arange(800) / 7.0) * 12000).astype(np.int16)
+    theirs = json.loads(asyncio.run(ser.serialize(OutputAudioRawFrame(pcm.tobytes(), 8000, 1))))
+    assert json.loads(call.audio(3, pcm)[1]) == theirs
+    assert [json.loads(m) for m in call.clear()] == [json.loads(asyncio.run(ser.serialize(InterruptionFrame())))]
+
+
 def test_cleared_audio_never_counts_as_played():
-    call = TwilioCall()
+    call = MediaStreamCall()
     call.receive(start_message())
     names = [json.loads(m)["mark"]["name"] for cid in (1, 2) for m in call.audio(cid, np.zeros(800, np.int16))
              if json.loads(m)["event"] == "mark"]
@@ -116,7 +162,7 @@ def test_cleared_audio_never_counts_as_played():
 
 
 def test_marks_a_peer_never_echoes_stay_bounded():
-    call = TwilioCall()
+    call = MediaStreamCall()
     call.receive(start_message())
     for cid in range(3 * MAX_PENDING_MARKS):
         call.audio(cid, np.zeros(8, np.int16))
@@ -124,7 +170,7 @@ def test_marks_a_peer_never_echoes_stay_bounded():
 
 
 def test_a_law_streams_decode_as_a_law():
-    call = TwilioCall()
+    call = MediaStreamCall()
     call.receive(start_message(encoding="audio/x-alaw"))
     pcm = np.array([0, 5000, -5000], np.int16)
     ev = call.receive(inbound_media(alaw_encode(pcm)))
@@ -154,7 +200,7 @@ def test_bad_messages_say_what_is_wrong(message, code):
 
 def test_media_before_start_is_an_error_not_a_crash():
     with pytest.raises(ProtocolError) as e:
-        TwilioCall().receive(inbound_media(b"\x00" * 160))
+        MediaStreamCall().receive(inbound_media(b"\x00" * 160))
     assert e.value.code == "no_start"
 
 
@@ -168,7 +214,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
        body=st.dictionaries(st.sampled_from(["start", "media", "mark", "dtmf", "stop", "streamSid", "payload"]),
                             json_values, max_size=4))
 def test_fuzzed_messages_give_events_or_protocol_errors(event, body):
-    call = TwilioCall()
+    call = MediaStreamCall()
     call.receive(start_message())
     try:
         call.receive(json.dumps({"event": event, **body}))
@@ -180,6 +226,6 @@ def test_fuzzed_messages_give_events_or_protocol_errors(event, body):
 @given(st.text(max_size=200) | st.binary(max_size=200))
 def test_fuzzed_garbage_gives_protocol_errors(message):
     try:
-        TwilioCall().receive(message)
+        MediaStreamCall().receive(message)
     except (ProtocolError, CallEnded):
         pass

@@ -1,6 +1,9 @@
-"""Twilio Media Streams, bidirectional (`<Connect><Stream url="wss://host/twilio"/>`), Sans-I/O.
+"""Twilio-style bidirectional media streams over a WebSocket, Sans-I/O: Twilio Media Streams
+(`<Connect><Stream url="wss://host/twilio"/>`) and Telnyx Media Streaming (the same protocol with
+snake_case names; `stream_url=wss://host/telnyx`, `stream_bidirectional_mode=rtp`).
 
-Wire format (JSON text frames; what Twilio documents and pipecat's `TwilioFrameSerializer` speaks):
+Wire format, Twilio's names (JSON text frames; what Twilio documents and pipecat's
+`TwilioFrameSerializer` speaks):
 
 Twilio -> us
   {"event": "connected", "protocol": "Call", "version": "1.0.0"}
@@ -17,13 +20,17 @@ us -> Twilio
   {"event": "mark", "streamSid": S, "mark": {"name": N}}    echoed back once the audio before it played
   {"event": "clear", "streamSid": S}                        drop all queued audio (barge-in)
 
-Twilio buffers everything sent to it and plays it in order, so what the caller heard is known
-only from marks. `TwilioCall` puts a mark before each audio piece ("s<id>": the piece starts) and
-one after it ("e<id>": it ended), and turns their echoes into `Played` events. After a `clear`,
-echoes of the marks that were queued are ignored: Twilio hands them all back, and that audio was
-never played. Its echoes do not say which marks were reached and which were cleared, so an echo
-still on the wire when we send `clear` is dropped with them (the caller heard at most one
-network round trip more than we count).
+Telnyx says "stream_id", "call_control_id", "custom_parameters" and "media_format" {"encoding":
+"PCMU" | "PCMA", "sample_rate": 8000, "channels": 1}; its marks and `clear` behave as Twilio's
+(a `clear` hands back the queued marks).
+
+The far end buffers everything sent to it and plays it in order, so what the caller heard is
+known only from marks. `MediaStreamCall` puts a mark before each audio piece ("s<id>": the piece
+starts) and one after it ("e<id>": it ended), and turns their echoes into `Played` events. After
+a `clear`, echoes of the marks that were queued are ignored: that audio was never played. The
+echoes do not say which marks were reached and which were cleared, so an echo still on the wire
+when we send `clear` is dropped with them (the caller heard at most one network round trip more
+than we count).
 """
 from __future__ import annotations
 
@@ -44,7 +51,28 @@ MAX_MESSAGE_CHARS = 64 * 1024
 MAX_PAYLOAD_BYTES = 8000  # 1 s of audio in one message; Twilio sends 20 ms (160 bytes)
 MAX_PENDING_MARKS = 1024  # a peer that never echoes marks cannot grow our memory
 DTMF_DIGITS = set("0123456789*#ABCDabcd")
-ENCODINGS = {"audio/x-mulaw": (ulaw_decode, ulaw_encode), "audio/x-alaw": (alaw_decode, alaw_encode)}
+ULAW, ALAW = (ulaw_decode, ulaw_encode), (alaw_decode, alaw_encode)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """The names one provider gives the same protocol."""
+
+    name: str
+    stream_id: str  # key of the stream's id, in `start` and in every message we send
+    call_id: str
+    format: str  # key of the media format object in `start`
+    rate: str
+    params: str
+    encodings: dict  # wire name -> (decode, encode)
+    default_encoding: str
+    addressed: bool = True  # our messages carry the stream's id (Twilio needs it, Telnyx's omit it)
+
+
+TWILIO = Dialect("twilio", "streamSid", "callSid", "mediaFormat", "sampleRate", "customParameters",
+                 {"audio/x-mulaw": ULAW, "audio/x-alaw": ALAW}, "audio/x-mulaw")
+TELNYX = Dialect("telnyx", "stream_id", "call_control_id", "media_format", "sample_rate", "custom_parameters",
+                 {"PCMU": ULAW, "PCMA": ALAW}, "PCMU", addressed=False)
 
 
 @dataclass(frozen=True)
@@ -85,7 +113,7 @@ class Stop:
     call_sid: str = ""
 
 
-TwilioEvent = Connected | Start | Media | Mark | Dtmf | Stop
+StreamEvent = Connected | Start | Media | Mark | Dtmf | Stop
 
 
 def _obj(msg: dict, key: str) -> dict:
@@ -102,31 +130,32 @@ def _str(obj: dict, key: str, default: str | None = None, limit: int = 256) -> s
     return value
 
 
-def parse_message(message: str | bytes) -> TwilioEvent:
-    """Decode one message from Twilio, or raise ProtocolError saying what is wrong with it."""
+def parse_message(message: str | bytes, dialect: Dialect = TWILIO) -> StreamEvent:
+    """Decode one message from the far end, or raise ProtocolError saying what is wrong with it."""
     if not isinstance(message, str):
-        raise ProtocolError("bad_message", "Twilio sends JSON text frames, not binary ones")
+        raise ProtocolError("bad_message", f"{dialect.name} sends JSON text frames, not binary ones")
     msg = json_object(message, MAX_MESSAGE_CHARS, "event")
     event = msg["event"]
     if event == "connected":
         return Connected(_str(msg, "protocol", ""))
     if event == "start":
+        d = dialect
         start = _obj(msg, "start")
-        sid = _str(start, "streamSid", msg.get("streamSid"))
-        fmt = start.get("mediaFormat", {})
+        sid = _str(start, d.stream_id, msg.get(d.stream_id))
+        fmt = start.get(d.format, {})
         if not isinstance(fmt, dict):
-            raise ProtocolError("bad_message", "'mediaFormat' must be an object")
-        rate, channels = fmt.get("sampleRate", RATE), fmt.get("channels", 1)
-        encoding = _str(fmt, "encoding", "audio/x-mulaw")
-        if encoding not in ENCODINGS or rate != RATE or channels != 1:
+            raise ProtocolError("bad_message", f"'{d.format}' must be an object")
+        rate, channels = fmt.get(d.rate, RATE), fmt.get("channels", 1)
+        encoding = _str(fmt, "encoding", d.default_encoding)
+        if encoding not in d.encodings or rate != RATE or channels != 1:
             raise ProtocolError("unsupported_format",
                                 f"media format {encoding} {rate!r} Hz x{channels!r}: only 8000 Hz mono "
-                                f"{' or '.join(sorted(ENCODINGS))} is spoken")
+                                f"{' or '.join(sorted(d.encodings))} is spoken")
         tracks = start.get("tracks", ["inbound"])
-        params = start.get("customParameters", {})
+        params = start.get(d.params, {})
         if not isinstance(tracks, list) or not all(isinstance(t, str) for t in tracks) or not isinstance(params, dict):
-            raise ProtocolError("bad_message", "'tracks' must be a list of strings, 'customParameters' an object")
-        return Start(sid, _str(start, "callSid", ""), _str(start, "accountSid", ""), tuple(tracks[:4]),
+            raise ProtocolError("bad_message", f"'tracks' must be a list of strings, '{d.params}' an object")
+        return Start(sid, _str(start, d.call_id, ""), _str(start, "accountSid", ""), tuple(tracks[:4]),
                      {str(k)[:64]: v for k, v in list(params.items())[:32] if isinstance(v, str)}, encoding)
     if event == "media":
         media = _obj(msg, "media")
@@ -149,29 +178,33 @@ def parse_message(message: str | bytes) -> TwilioEvent:
     raise ProtocolError("unknown_event", f"unknown event {event[:40]!r}")
 
 
-def media_message(stream_sid: str, payload: bytes) -> str:
-    return json.dumps({"event": "media", "streamSid": stream_sid,
-                       "media": {"payload": base64.b64encode(payload).decode("ascii")}})
+def _outbound(event: str, stream_sid: str, dialect: Dialect, **body) -> str:
+    return json.dumps({"event": event, **({dialect.stream_id: stream_sid} if dialect.addressed else {}), **body})
 
 
-def mark_message(stream_sid: str, name: str) -> str:
-    return json.dumps({"event": "mark", "streamSid": stream_sid, "mark": {"name": name}})
+def media_message(stream_sid: str, payload: bytes, dialect: Dialect = TWILIO) -> str:
+    return _outbound("media", stream_sid, dialect, media={"payload": base64.b64encode(payload).decode("ascii")})
 
 
-def clear_message(stream_sid: str) -> str:
-    return json.dumps({"event": "clear", "streamSid": stream_sid})
+def mark_message(stream_sid: str, name: str, dialect: Dialect = TWILIO) -> str:
+    return _outbound("mark", stream_sid, dialect, mark={"name": name})
+
+
+def clear_message(stream_sid: str, dialect: Dialect = TWILIO) -> str:
+    return _outbound("clear", stream_sid, dialect)
 
 
 class CallEnded(Exception):
-    """Twilio said `stop`: the call is over."""
+    """The far end said `stop`: the call is over."""
 
 
-class TwilioCall:
+class MediaStreamCall:
     """One media stream's state, with no I/O: messages in, transport events and messages out."""
 
-    def __init__(self) -> None:
+    def __init__(self, dialect: Dialect = TWILIO) -> None:
+        self.dialect = dialect
         self.start: Start | None = None
-        self._decode, self._encode = ENCODINGS["audio/x-mulaw"]
+        self._decode, self._encode = dialect.encodings[dialect.default_encoding]
         self._pending: OrderedDict[str, tuple[int, str]] = OrderedDict()  # mark name -> (chunk id, event)
         self.dropped_audio = 0  # pieces sent before `start` named the stream (nowhere to send them)
 
@@ -180,12 +213,12 @@ class TwilioCall:
         return self.start.stream_sid if self.start else None
 
     def receive(self, message: str | bytes, now: float | None = None) -> InputEvent | None:
-        """One message from Twilio -> an input event, or None when it carries none. Raises
+        """One message from the far end -> an input event, or None when it carries none. Raises
         ProtocolError for a bad message and CallEnded on `stop`."""
-        ev = parse_message(message)
+        ev = parse_message(message, self.dialect)
         if isinstance(ev, Start):
             self.start = ev
-            self._decode, self._encode = ENCODINGS[ev.encoding]
+            self._decode, self._encode = self.dialect.encodings[ev.encoding]
             return ClientEvent("call_start", {"stream_sid": ev.stream_sid, "call_sid": ev.call_sid,
                                               **{f"param_{k}": v for k, v in ev.custom_parameters.items()}})
         if isinstance(ev, Media):
@@ -217,9 +250,10 @@ class TwilioCall:
             self._pending[name] = (chunk_id, event)
         while len(self._pending) > MAX_PENDING_MARKS:
             self._pending.popitem(last=False)
-        return [mark_message(sid, start), media_message(sid, self._encode(pcm16)), mark_message(sid, end)]
+        d = self.dialect
+        return [mark_message(sid, start, d), media_message(sid, self._encode(pcm16), d), mark_message(sid, end, d)]
 
     def clear(self) -> list[str]:
-        """Messages that drop everything queued at Twilio; its marks will never count as played."""
+        """Messages that drop everything queued at the far end; its marks never count as played."""
         self._pending.clear()
-        return [clear_message(self.stream_sid)] if self.stream_sid else []
+        return [clear_message(self.stream_sid, self.dialect)] if self.stream_sid else []
