@@ -87,9 +87,7 @@ class Start:
     account_sid: str = ""
     tracks: tuple[str, ...] = ("inbound",)
     custom_parameters: dict = field(default_factory=dict)
-    encoding: str = "audio/x-mulaw"
-    sample_rate: int = RATE
-    channels: int = 1
+    encoding: str = "audio/x-mulaw"  # the only rate and layout spoken: 8000 Hz mono
 
 
 @dataclass(frozen=True)
@@ -174,7 +172,7 @@ def parse_message(message: str | bytes, dialect: Dialect = TWILIO) -> StreamEven
         return Dtmf(digit)
     if event == "stop":
         stop = msg.get("stop", {})
-        return Stop(_str(stop, "callSid", "") if isinstance(stop, dict) else "")
+        return Stop(_str(stop, dialect.call_id, "") if isinstance(stop, dict) else "")
     raise ProtocolError("unknown_event", f"unknown event {event[:40]!r}")
 
 
