@@ -100,3 +100,20 @@ def test_opentelemetry_is_not_imported_eagerly():
             "print(any(m.startswith('opentelemetry') for m in sys.modules), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_a_trace_file_appears_only_whole(tmp_path):
+    """A reader watching the trace directory never sees half a file: a writer that fails leaves
+    nothing behind, and one that succeeds replaces the file in one step."""
+    from agent.trace_export import _written_whole
+
+    path = tmp_path / "s.trace.json"
+    with pytest.raises(RuntimeError):
+        with _written_whole(str(path)) as f:
+            f.write('{"traceEvents": [')
+            assert not path.exists()  # nothing at the real name while writing
+            raise RuntimeError("the writer died")
+    assert list(tmp_path.iterdir()) == []
+    with _written_whole(str(path)) as f:
+        f.write("{}")
+    assert path.read_text() == "{}" and list(tmp_path.iterdir()) == [path]
