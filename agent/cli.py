@@ -25,6 +25,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-eou", action="store_true",
                    help="end turns on silence alone (0.5 s), without the smart-turn model")
     p.add_argument("--no-speculation", action="store_true", help="never start replies before the turn ends")
+    p.add_argument("--greeting", default=None,
+                   help="say this first, as soon as the caller's or page's audio arrives (kept in the context)")
 
 
 def _session_config(args):
@@ -34,6 +36,7 @@ def _session_config(args):
     cfg.turns.use_eou = not args.no_eou
     if args.system_prompt:
         cfg.system_prompt = args.system_prompt
+    cfg.greeting = args.greeting or None
     return cfg
 
 

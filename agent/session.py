@@ -54,6 +54,10 @@ class SessionConfig:
     text_queue: int = 8  # LLM -> TTS chunks in flight
     asr_queue: int = 1024  # audio chunks waiting for the recognizer (~20 s of 20 ms frames)
     speculate: bool = True  # start ASR final + LLM + TTS at a pause, before the turn is confirmed
+    # spoken when the far end's audio first arrives (a phone line or the page's microphone is
+    # live), as LiveKit's `say` / pipecat's first-message examples do; the context keeps it as
+    # the assistant's first message (what was heard of it, if the user talks over it)
+    greeting: str | None = None
     # early decodes run (and speculated on) per user turn; pauses inside a sentence use some
     max_speculations_per_turn: int = 5
     # audio after the end of speech given to the final decode; at most the turn machine's
@@ -92,7 +96,8 @@ class TurnRecord:
 
     @property
     def voice_to_voice(self) -> float | None:
-        return self.first_audio_out - self.speech_end if self.first_audio_out else None
+        # None without both ends: a reply not yet heard, or a greeting (no user speech before it)
+        return self.first_audio_out - self.speech_end if self.first_audio_out and self.speech_end else None
 
     def summary(self) -> dict:
         """Per-stage waits as consecutive differences of milestones. A speculative reply can
@@ -229,6 +234,7 @@ class Session:
         # (turn, heard, heard before the cut clause, text from the cut clause on)
         self._resumable: tuple[TurnRecord, str, str, str] | None = None
         self._chunk_ids = itertools.count()
+        self._greeting_due = bool(self.config.greeting)
 
     @property
     def speculation_stats(self) -> dict:
@@ -271,7 +277,21 @@ class Session:
     async def _send_state(self) -> None:
         await self._send({"type": "state", "state": self.turns.state.value})
 
+    def _greet(self) -> None:
+        """Speak the greeting as a reply of its own: a turn with no user words."""
+        self._greeting_due = False
+        rec = TurnRecord(index=len(self.records), endpoint=time.perf_counter())
+        if not self.turns.on_bot_initiated(rec.endpoint):
+            return  # the user spoke first
+        self.records.append(rec)
+        self.tracer.instant("turn", "greeting", turn=rec.index, text=self.config.greeting)
+        self._reply_rec = rec
+        self._reply_task = asyncio.create_task(self._reply(rec, "", fixed_text=self.config.greeting),
+                                               name="greeting")
+
     async def _on_audio(self, ev: AudioIn) -> None:
+        if self._greeting_due:
+            self._greet()
         if self._resampler is None or self._resampler.in_rate != ev.sample_rate:
             self._resampler = StreamResampler(ev.sample_rate, ASR_RATE)
         x = self._resampler(ev.pcm)
@@ -588,7 +608,8 @@ class Session:
             name=f"reply-resume-{rec.index}")
 
     def _remember(self, user: str, assistant: str) -> None:
-        self.history.append({"role": "user", "content": user})
+        if user:  # a greeting has no user message before it
+            self.history.append({"role": "user", "content": user})
         if assistant:
             self.history.append({"role": "assistant", "content": assistant})
         if len(self.history) > self.config.max_history_messages:

@@ -284,6 +284,14 @@ class TurnMachine:
         self._go(t, State.LISTENING)
         return []
 
+    def on_bot_initiated(self, t: float) -> bool:
+        """The bot speaks first (a greeting): listening -> thinking, so that speech over it is a
+        barge-in like any other. False (nothing changes) unless the line is quiet and idle."""
+        if self.state != State.LISTENING:
+            return False
+        self._go(t, State.THINKING)
+        return True
+
     def on_reply_started(self, t: float) -> None:
         """The first reply audio went out."""
         if self.state == State.THINKING:

@@ -290,3 +290,22 @@ def test_a_verdict_asked_at_the_quiet_frame_is_kept_for_the_pause():
     assert d.kinds() == [StartUtterance, SpeechStopped]
     _frames_with_levels(d, [SILENT] * 7)
     assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
+
+
+def test_a_greeting_is_a_reply_the_user_can_talk_over():
+    d = Driver().frames("...")
+    assert d.m.on_bot_initiated(d.t) and d.m.state == T
+    d.m.on_reply_started(d.t)
+    d.frames("#" * 5)  # short: the greeting goes on
+    assert d.m.state == B and d.kinds() == []
+    d.frames("#" * 5)
+    assert d.kinds() == [BargeIn, StartUtterance] and d.m.state == I
+    assert d.states() == [T, B, I]
+
+
+def test_no_greeting_once_the_user_is_speaking():
+    d = Driver().frames("#" * 5)
+    assert d.m.state == U
+    assert not d.m.on_bot_initiated(d.t) and d.m.state == U
+    d.m.on_reply_finished(d.t)
+    assert d.m.state == U
