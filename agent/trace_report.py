@@ -230,6 +230,9 @@ def turn_table(events: Iterable[Any]) -> list[dict]:
         row["missing"] = [
             f"{st}.{nm}" for (st, nm), m in zip(MILESTONES, raw) if m is None
         ]
+        # a turn the bot started (a greeting) has no user speech to measure from: its total is
+        # not a voice-to-voice figure and stays out of their percentiles
+        row["from_user_speech"] = clamped[0] is not None
         row["barge_in"] = any(e.stage == "turn" and e.name == "barge_in" for e in evs)
         row["speculative"] = any(e.stage == "speculation" and e.name == "commit" for e in evs)
         row["t0_ns"] = first_t
@@ -240,11 +243,13 @@ def turn_table(events: Iterable[Any]) -> list[dict]:
 
 def percentiles(rows: Sequence[dict], qs: Sequence[float] = (50, 90, 99)) -> dict[str, dict]:
     """``{column key: {"p50": ms, ...}}`` over the turns where the column is present
-    (linear interpolation between closest ranks)."""
+    (linear interpolation between closest ranks); the totals only over turns that start at
+    the user's speech end (not a greeting's)."""
     keys = [k for k, _ in COLUMNS] + ["total_ms", "server_ms", "mouth_to_ear_ms"]
     out: dict[str, dict] = {}
     for k in keys:
-        vals = sorted(r[k] for r in rows if r.get(k) is not None)
+        voice = k in ("total_ms", "server_ms", "mouth_to_ear_ms")
+        vals = sorted(r[k] for r in rows if r.get(k) is not None and (not voice or r.get("from_user_speech", True)))
         out[k] = {f"p{q:g}": _pct(vals, q) for q in qs}
         out[k]["n"] = len(vals)
     return out
@@ -402,7 +407,8 @@ def format_table(rows: Sequence[dict]) -> str:
     multi = len({r["session"] for r in rows}) > 1
     for r in rows:
         label = f"{r['session']}:{r['turn']}" if multi else str(r["turn"])
-        flags = ("*" if r["speculative"] else "") + ("!" if r["barge_in"] else "")
+        flags = (("*" if r["speculative"] else "") + ("!" if r["barge_in"] else "")
+                 + ("" if r.get("from_user_speech", True) else "~"))
         cells = [f"{label + flags:>{widths[0]}}"]
         cells += [_fmt(r.get(k), w) for k, w in zip(keys, widths[1:])]
         lines.append("  ".join(cells))
@@ -411,8 +417,8 @@ def format_table(rows: Sequence[dict]) -> str:
     for q in ("p50", "p90", "p99"):
         cells = [f"{q:>{widths[0]}}"] + [_fmt(pc[k][q], w) for k, w in zip(keys, widths[1:])]
         lines.append("  ".join(cells))
-    lines.append("(ms; * speculative reply committed, ! barge-in; — milestone missing;"
-                 " stages sum to total)")
+    lines.append("(ms; * speculative reply committed, ! barge-in, ~ no user speech before it (a greeting):"
+                 " its total is left out of the percentiles; — milestone missing; stages sum to total)")
     return "\n".join(lines)
 
 

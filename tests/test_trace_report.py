@@ -186,3 +186,19 @@ def test_stage_verdict_rules():
     # no spans: llm busy time from request → done
     s = {x["stage"]: x for x in stage_stats(base + ends)}["llm"]
     assert s["busy_basis"] == "request→done" and s["busy_frac"] == pytest.approx(1.0)
+
+
+def test_a_greeting_turn_stays_out_of_the_voice_to_voice_percentiles():
+    tr = _tracer(n=2)
+    t = max(e.ts_ns for e in tr.events()) + 1000 * MS
+    for name, dt in (("request", 0), ("first_token", 1)):  # the bot speaks first: no user speech
+        tr.instant("llm", name, 9, ts_ns=t + dt * MS)
+    tr.instant("tts", "first_chunk", 9, ts_ns=t + 50 * MS)
+    tr.instant("transport", "send_audio", 9, ts_ns=t + 51 * MS)
+    rows = turn_table(tr.events())
+    greeting = [r for r in rows if r["turn"] == 9][0]
+    assert not greeting["from_user_speech"] and greeting["total_ms"] == pytest.approx(50.0)  # first token -> send
+    users = [r["total_ms"] for r in rows if r["turn"] != 9]
+    assert percentiles(rows)["total_ms"]["n"] == len(users) == 2
+    assert percentiles(rows)["total_ms"]["p50"] == pytest.approx(sorted(users)[0] + (sorted(users)[1] - sorted(users)[0]) / 2)
+    assert "9~" in format_table(rows)
