@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from transport.audio import int16_to_float
 from transport.base import AudioIn, ClientEvent, InputEvent, Played, ProtocolError
 
 HANGUP, UUID, DTMF, ERROR = 0x00, 0x01, 0x03, 0xFF
@@ -88,7 +89,7 @@ class AudioSocketCall:
             if len(payload) % 2:
                 raise ProtocolError("bad_audio", f"16-bit audio frame with an odd byte count ({len(payload)})")
             self.rate = AUDIO_KINDS[kind]
-            return AudioIn(np.frombuffer(payload, dtype="<i2").astype(np.float32) / 32768.0, self.rate)
+            return AudioIn(int16_to_float(np.frombuffer(payload, dtype="<i2")), self.rate)
         if kind == UUID:
             if len(payload) != 16:
                 raise ProtocolError("bad_message", f"a UUID frame carries 16 bytes, not {len(payload)}")

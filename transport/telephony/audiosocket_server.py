@@ -38,10 +38,6 @@ class AudioSocketTransport:
         self.bad_input = BadInput(log, "audiosocket call")
         self.closed = False
 
-    @property
-    def output_sample_rate(self) -> int:
-        return self.call.rate
-
     def _start(self) -> None:
         if not self._tasks:
             self._tasks = [asyncio.create_task(self._read(), name="audiosocket-read"),
@@ -81,11 +77,10 @@ class AudioSocketTransport:
                     return
             for ev in events:
                 await self._events.put(ev)
-            if frame is None:
-                if playback is None or not playback.queued:  # idle: the next piece goes out at once
-                    self._wake.clear()
-                    await self._wake.wait()
-                    due = time.perf_counter()
+            if frame is None:  # idle (`tick` gives None only once nothing is queued): the next
+                self._wake.clear()  # piece goes out as soon as it comes
+                await self._wake.wait()
+                due = time.perf_counter()
                 continue
             due = max(due + FRAME_S, time.perf_counter() - 0.1)  # late by >100 ms: no burst to catch up
             await asyncio.sleep(max(0.0, due - time.perf_counter()))

@@ -38,10 +38,13 @@ import base64
 import binascii
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
+from transport.audio import int16_to_float
 from transport.base import AudioIn, ClientEvent, InputEvent, Played, ProtocolError
 from transport.telephony.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from transport.wire import json_object
@@ -51,7 +54,14 @@ MAX_MESSAGE_CHARS = 64 * 1024
 MAX_PAYLOAD_BYTES = 8000  # 1 s of audio in one message; Twilio sends 20 ms (160 bytes)
 MAX_PENDING_MARKS = 1024  # a peer that never echoes marks cannot grow our memory
 DTMF_DIGITS = set("0123456789*#ABCDabcd")
-ULAW, ALAW = (ulaw_decode, ulaw_encode), (alaw_decode, alaw_encode)
+
+
+class Codec(NamedTuple):
+    decode: Callable[[bytes], np.ndarray]  # wire bytes -> int16 samples
+    encode: Callable[[np.ndarray], bytes]
+
+
+ULAW, ALAW = Codec(ulaw_decode, ulaw_encode), Codec(alaw_decode, alaw_encode)
 
 
 @dataclass(frozen=True)
@@ -64,7 +74,7 @@ class Dialect:
     format: str  # key of the media format object in `start`
     rate: str
     params: str
-    encodings: dict  # wire name -> (decode, encode)
+    encodings: dict[str, Codec]  # by wire name
     default_encoding: str
     addressed: bool = True  # our messages carry the stream's id (Twilio needs it, Telnyx's omit it)
 
@@ -202,7 +212,6 @@ class MediaStreamCall:
     def __init__(self, dialect: Dialect = TWILIO) -> None:
         self.dialect = dialect
         self.start: Start | None = None
-        self._decode, self._encode = dialect.encodings[dialect.default_encoding]
         self._pending: OrderedDict[str, tuple[int, str]] = OrderedDict()  # mark name -> (chunk id, event)
         self.dropped_audio = 0  # pieces sent before `start` named the stream (nowhere to send them)
 
@@ -210,13 +219,17 @@ class MediaStreamCall:
     def stream_sid(self) -> str | None:
         return self.start.stream_sid if self.start else None
 
+    @property
+    def _codec(self) -> Codec:
+        """The codec of the encoding `start` named; only used once it has come."""
+        return self.dialect.encodings[self.start.encoding]
+
     def receive(self, message: str | bytes, now: float | None = None) -> InputEvent | None:
         """One message from the far end -> an input event, or None when it carries none. Raises
         ProtocolError for a bad message and CallEnded on `stop`."""
         ev = parse_message(message, self.dialect)
         if isinstance(ev, Start):
             self.start = ev
-            self._decode, self._encode = self.dialect.encodings[ev.encoding]
             return ClientEvent("call_start", {"stream_sid": ev.stream_sid, "call_sid": ev.call_sid,
                                               **{f"param_{k}": v for k, v in ev.custom_parameters.items()}})
         if isinstance(ev, Media):
@@ -224,8 +237,7 @@ class MediaStreamCall:
                 raise ProtocolError("no_start", "media before the 'start' message")
             if ev.track not in ("inbound", "inbound_track"):
                 return None  # our own audio echoed back (tracks="both_tracks"): not the caller
-            pcm = self._decode(ev.payload)
-            return AudioIn(pcm.astype(np.float32) / 32768.0, RATE)
+            return AudioIn(int16_to_float(self._codec.decode(ev.payload)), RATE)
         if isinstance(ev, Mark):
             hit = self._pending.pop(ev.name, None)
             if hit is None:
@@ -249,7 +261,7 @@ class MediaStreamCall:
         while len(self._pending) > MAX_PENDING_MARKS:
             self._pending.popitem(last=False)
         d = self.dialect
-        return [mark_message(sid, start, d), media_message(sid, self._encode(pcm16), d), mark_message(sid, end, d)]
+        return [mark_message(sid, start, d), media_message(sid, self._codec.encode(pcm16), d), mark_message(sid, end, d)]
 
     def clear(self) -> list[str]:
         """Messages that drop everything queued at the far end; its marks never count as played."""

@@ -24,7 +24,6 @@ class MediaStreamTransport:
     def __init__(self, ws, dialect: Dialect = TWILIO) -> None:
         self.ws = ws
         self.call = MediaStreamCall(dialect)
-        self.output_sample_rate = RATE
         self._to_8k = Int16RateAdapter(RATE)
         self.bad_input = BadInput(log, f"{dialect.name} stream")
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from transport.audio import int16_to_float
 from transport.base import ProtocolError
 from transport.wire import json_object
 
@@ -53,7 +54,7 @@ def decode_client(message: str | bytes) -> ClientAudio | ClientControl:
                                 f"audio frame of {len(data)} bytes exceeds {MAX_AUDIO_BYTES}; send 20 ms frames")
         if len(data) % 2:
             raise ProtocolError("bad_audio", f"PCM16 frame has an odd byte count ({len(data)})")
-        pcm = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+        pcm = int16_to_float(np.frombuffer(data, dtype="<i2"))
         return ClientAudio(pcm)
     if not isinstance(message, str):
         raise ProtocolError("bad_message", f"unsupported message type {type(message).__name__}")
