@@ -83,7 +83,7 @@ def _load(args):
 def cmd_serve(args) -> int:
     from agent.session import Session
     from transport.telephony.audiosocket_server import AudioSocketTransport, run_audiosocket_server
-    from transport.telephony.media_streams import TELNYX, TWILIO
+    from transport.telephony.media_streams import DIALECTS
     from transport.telephony.media_streams_ws import MediaStreamTransport
     from transport.web.server import run_server
 
@@ -106,9 +106,9 @@ def cmd_serve(args) -> int:
                 await asyncio.to_thread(_write_trace, tracer, path)
 
     async def serve() -> None:
-        print(f"duplex: phone media streams at ws://{args.host}:{args.port}/twilio (Twilio: <Connect><Stream "
-              f"url=\"wss://YOUR-HOST/twilio\"/>) and /telnyx (Telnyx: stream_url, bidirectional rtp)", flush=True)
-        routes = {f"/{d.name}": (lambda ws, d=d: MediaStreamTransport(ws, d)) for d in (TWILIO, TELNYX)}
+        print(f"duplex: phone media streams at ws://{args.host}:{args.port}/twilio, /telnyx, /plivo and /exotel "
+              f"(see the README's 'Phone calls')", flush=True)
+        routes = {f"/{name}": (lambda ws, d=d: MediaStreamTransport(ws, d)) for name, d in DIALECTS.items()}
         servers = [run_server(handler, args.host, args.port, models.tts.sample_rate, routes=routes)]
         if args.audiosocket:
             servers.append(run_audiosocket_server(handler, args.host, args.audiosocket))

@@ -1,12 +1,15 @@
 """Phone calls to `duplex serve`, with the real default models: one through the Twilio endpoint,
-then one through AudioSocket, as Asterisk would make it.
+one through AudioSocket, as Asterisk would make it, and one through the Plivo endpoint in 16 kHz
+linear PCM.
 
 As Twilio, the test plays its part of a bidirectional media stream: it sends the caller's audio as
 8 kHz mu-law at real-time pace (encoded with audioop, not our codec), plays what the bot sends
 on its own 20 ms clock, echoes each mark when playback reaches it, and on `clear` drops its
-queue and hands back the queued marks, as Twilio does. As Asterisk, it sends 20 ms slin frames
-and plays the bot's frames as they arrive. In both calls the caller asks a question, asks for
-a story and talks over it, after a few malformed messages the call must survive.
+queue and hands back the queued marks, as Twilio does. As Plivo, it does the same with Plivo's
+messages (checkpoint, playedStream, clearAudio), but a clear hands back no checkpoints. As
+Asterisk, it sends 20 ms slin frames and plays the bot's frames as they arrive. In every call
+the caller asks a question, asks for a story and talks over it, after a few malformed messages
+the call must survive.
 """
 from __future__ import annotations
 
@@ -21,90 +24,93 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import duplex_serve, free_port, say, silence
+from media_stream_peers import Peer, peer
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     audioop = pytest.importorskip("audioop")
 
 pytestmark = pytest.mark.models
-SID = "MZ00000000000000000000000000000001"
 FRAME = 160  # 20 ms at 8 kHz
 STORYTELLER = ("You are a storyteller. Answer every request with a long, detailed story of at least "
                "ten sentences. Answer questions in one sentence.")
 
 
-class FakeTwilio:
-    """Twilio's side of one media stream (see the module docstring)."""
+class FakeProvider:
+    """The provider's side of one media stream (see the module docstring); `far` says how it
+    words its messages (`media_stream_peers`)."""
 
-    def __init__(self, ws):
-        self.ws = ws
+    def __init__(self, ws, far: Peer):
+        self.ws, self.far = ws, far
+        self.frame = far.rate // 50  # 20 ms
         self.queue: deque = deque()  # ("audio", int16 samples) | ("mark", name), in arrival order
         self.played: list[np.ndarray] = []  # the caller's earpiece, one 20 ms frame per tick
         self.log: list[tuple[float, str, object]] = []  # (seconds since the call began, kind, data)
         self.t0 = 0.0
-        self.seq = 0
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
-    async def send(self, event: str, **body) -> None:
-        self.seq += 1
-        await self.ws.send(json.dumps({"event": event, "sequenceNumber": str(self.seq), "streamSid": SID, **body}))
+    def encode(self, pcm: np.ndarray) -> bytes:
+        return audioop.lin2ulaw(pcm.tobytes(), 2) if self.far.encoding == "audio/x-mulaw" else pcm.astype("<i2").tobytes()
+
+    def decode(self, data: bytes) -> np.ndarray:
+        return np.frombuffer(audioop.ulaw2lin(data, 2) if self.far.encoding == "audio/x-mulaw" else data, "<i2")
 
     async def echo(self, name: str) -> None:
         self.log.append((self.now(), "echo", name))
-        await self.send("mark", mark={"name": name})
+        await self.ws.send(self.far.echo(name))
 
-    async def call(self, caller_8k: np.ndarray) -> None:
-        await self.ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
-        await self.send("start", start={"streamSid": SID, "accountSid": "AC0", "callSid": "CA0", "tracks": ["inbound"],
-                                        "customParameters": {},
-                                        "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}})
-        # bad input the call must survive (Twilio reads no errors: the server logs and skips them)
+    async def call(self, caller: np.ndarray) -> None:
+        """`caller`: float audio at the stream's rate."""
+        if (connected := self.far.connected()) is not None:
+            await self.ws.send(connected)
+        await self.ws.send(self.far.start())
+        # bad input the call must survive (providers read no errors: the server logs and skips them)
         for bad in ("{not json", json.dumps({"event": "media", "media": {"payload": "@@"}}),
                     json.dumps({"event": "hangup"}), b"\x00binary"):
             await self.ws.send(bad)
         self.t0 = time.perf_counter()
         reader = asyncio.create_task(self.read())
-        pcm = (np.clip(caller_8k, -1, 1) * 32767).astype(np.int16)
-        for i in range(0, pcm.size - FRAME + 1, FRAME):
-            due = self.t0 + (i // FRAME) * 0.02
-            await asyncio.sleep(max(0.0, due - time.perf_counter()))
-            payload = audioop.lin2ulaw(pcm[i:i + FRAME].tobytes(), 2)
-            await self.send("media", media={"track": "inbound", "chunk": str(i // FRAME + 1),
-                                            "timestamp": str(i // 8), "payload": base64.b64encode(payload).decode()})
+        pcm, n = (np.clip(caller, -1, 1) * 32767).astype(np.int16), self.frame
+        for k, i in enumerate(range(0, pcm.size - n + 1, n)):
+            await asyncio.sleep(max(0.0, self.t0 + k * 0.02 - time.perf_counter()))
+            await self.ws.send(self.far.media(self.encode(pcm[i:i + n]), chunk=k + 1))
             await self.play_one_frame()
-        await self.send("stop", stop={"accountSid": "AC0", "callSid": "CA0"})
+        if (stop := self.far.stop()) is not None:
+            await self.ws.send(stop)
         reader.cancel()
 
     async def read(self) -> None:
         async for message in self.ws:
-            msg = json.loads(message)
-            kind = msg["event"]
-            assert msg["streamSid"] == SID
-            if kind == "media":
-                pcm = np.frombuffer(audioop.ulaw2lin(base64.b64decode(msg["media"]["payload"]), 2), np.int16)
+            kind, item = self.far.read(message)  # checks the stream id, encoding and rate
+            if kind == "audio":
+                pcm = self.decode(item)
                 self.queue.append(("audio", pcm))
                 self.log.append((self.now(), "media", pcm.size))
             elif kind == "mark":
-                self.queue.append(("mark", msg["mark"]["name"]))
-                self.log.append((self.now(), "mark", msg["mark"]["name"]))
+                self.queue.append(("mark", item))
+                self.log.append((self.now(), "mark", item))
             elif kind == "clear":
                 self.log.append((self.now(), "clear", None))
                 marks = [x for k, x in self.queue if k == "mark"]
                 self.queue.clear()
-                for name in marks:  # Twilio returns the marks that were still queued
-                    await self.send("mark", mark={"name": name})
+                if self.far.echoes_cleared_marks:  # Twilio returns the marks that were still queued
+                    for name in marks:
+                        await self.ws.send(self.far.echo(name))
+                if (cleared := self.far.cleared()) is not None:
+                    await self.ws.send(cleared)
 
     async def play_one_frame(self) -> None:
+        n = self.frame
         out = np.zeros(0, np.int16)
-        while self.queue and out.size < FRAME:
+        while self.queue and out.size < n:
             kind, item = self.queue[0]
             if kind == "mark":
                 self.queue.popleft()
                 await self.echo(item)
                 continue
-            take = item[:FRAME - out.size]
+            take = item[:n - out.size]
             out = np.concatenate([out, take])
             if take.size == item.size:
                 self.queue.popleft()
@@ -112,7 +118,7 @@ class FakeTwilio:
                 self.queue[0] = ("audio", item[take.size:])
         while self.queue and self.queue[0][0] == "mark":  # marks right after this frame's audio
             await self.echo(self.queue.popleft()[1])
-        self.played.append(np.pad(out, (0, FRAME - out.size)))
+        self.played.append(np.pad(out, (0, n - out.size)))
 
 
 @pytest.fixture(scope="module")
@@ -162,9 +168,9 @@ def phone_call(server, script):
     port, _, trace_dir = server
     audio, marks = script
 
-    async def talk() -> FakeTwilio:
+    async def talk() -> FakeProvider:
         async with websockets.connect(f"ws://127.0.0.1:{port}/twilio") as ws:
-            twilio = FakeTwilio(ws)
+            twilio = FakeProvider(ws, peer("twilio"))
             await twilio.call(resample(audio, 16000, 8000))
             return twilio
 
@@ -179,9 +185,9 @@ def reply_text(events, turn: int) -> str:
                    if e.stage == "llm" and e.name == "token" and e.turn == turn and e.ts_ns >= t0)
 
 
-def assert_understood_and_answered(earpiece: np.ndarray, marks: dict, events) -> None:
-    """The question was recognised from phone audio, and what the caller heard after it (8 kHz
-    int16, on the call's timeline) is the bot's answer, transcribed by Whisper."""
+def assert_understood_and_answered(earpiece: np.ndarray, marks: dict, events, rate: int = 8000) -> None:
+    """The question was recognised from phone audio, and what the caller heard after it (int16
+    at `rate`, on the call's timeline) is the bot's answer, transcribed by Whisper."""
     from asr.wer import wer
     from asr.whisper import WhisperRecognizer
     from transport.audio import resample
@@ -189,11 +195,11 @@ def assert_understood_and_answered(earpiece: np.ndarray, marks: dict, events) ->
     finals = [e for e in events if e.stage == "asr" and e.name == "final" and e.args.get("text")]
     assert finals, "nothing the caller said was recognised"
     first = finals[0].args["text"].lower()
-    assert "capital" in first and "france" in first, first  # 8 kHz in, decoded and resampled
-    answer = earpiece[int(marks["q1"][1] * 8000):int(marks["q2"][0] * 8000)].astype(np.float32) / 32768
+    assert "capital" in first and "france" in first, first  # phone audio in, decoded and resampled
+    answer = earpiece[int(marks["q1"][1] * rate):int(marks["q2"][0] * rate)].astype(np.float32) / 32768
     assert np.sqrt(np.mean(answer ** 2)) > 0.01, "the caller heard nothing after the question"
     reply = reply_text(events, finals[0].turn)
-    heard = WhisperRecognizer.load().transcribe(resample(answer, 8000, 16000))[0]
+    heard = WhisperRecognizer.load().transcribe(resample(answer, rate, 16000))[0]
     print("reply:", reply, "| caller heard:", heard)
     assert wer([reply], [heard]) < 0.5, (reply, heard)
 
@@ -321,4 +327,38 @@ def test_asterisk_talking_over_the_bot_stops_its_audio(asterisk_call):
     assert story and story[0] < barge_start, "the story had not started when the caller spoke over it"
     stopped = max(t for t in story) if story else 0
     assert barge_start < stopped < barge_start + 1.5, (barge_start, stopped)
+    assert_context_is_what_was_heard(events)
+
+
+@pytest.fixture(scope="module")
+def plivo_call(server, script, asterisk_call):  # one call at a time
+    """A Plivo stream in 16 kHz linear PCM: checkpoints, playAudio, clearAudio; no stop."""
+    import websockets
+
+    port, _, trace_dir = server
+    audio, marks = script
+
+    async def talk() -> FakeProvider:
+        async with websockets.connect(f"ws://127.0.0.1:{port}/plivo") as ws:
+            plivo = FakeProvider(ws, peer("plivo", "audio/x-l16", 16000))
+            await plivo.call(audio)
+            return plivo
+
+    plivo = asyncio.run(talk())
+    return plivo, marks, session_trace(trace_dir, "plivo")
+
+
+def test_plivo_caller_at_16_khz_is_understood_and_hears_the_answer(plivo_call):
+    plivo, marks, events = plivo_call
+    assert_understood_and_answered(np.concatenate(plivo.played), marks, events, rate=16000)
+
+
+def test_plivo_talking_over_the_bot_clears_plivos_buffer(plivo_call):
+    plivo, marks, events = plivo_call
+    clears = [t for t, k, _ in plivo.log if k == "clear"]
+    assert clears, "speaking over the story did not clear Plivo's buffer"
+    assert marks["barge_in"][0] < clears[0] < marks["barge_in"][0] + 1.5, (marks["barge_in"], clears)
+    echoed = {int(x[1:]) for _, k, x in plivo.log if k == "echo" and x.startswith("s")}
+    traced = {e.args["chunk"] for e in events if e.stage == "client" and e.name == "playout_start"}
+    assert echoed and traced <= echoed  # only checkpoints Plivo reached count as played
     assert_context_is_what_was_heard(events)

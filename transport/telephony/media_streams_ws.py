@@ -1,4 +1,5 @@
-"""asyncio shell for Twilio-style media streams (Twilio, Telnyx): one WebSocket as a `Transport`.
+"""asyncio shell for Twilio-style media streams (Twilio, Telnyx, Plivo, Exotel): one WebSocket as
+a `Transport`.
 
 The wire format and the mark bookkeeping live in `transport.telephony.media_streams` (Sans-I/O);
 this only moves messages. The far end reads no error messages, so a bad one is logged, counted
@@ -11,7 +12,7 @@ import time
 
 from transport.audio import Int16RateAdapter
 from transport.base import AudioOut, InputEvent, ProtocolError
-from transport.telephony.media_streams import RATE, TWILIO, CallEnded, Dialect, MediaStreamCall
+from transport.telephony.media_streams import TWILIO, CallEnded, Dialect, MediaStreamCall
 from transport.websocket_io import recv_or_none, send_all
 from transport.wire import BadInput
 
@@ -24,7 +25,7 @@ class MediaStreamTransport:
     def __init__(self, ws, dialect: Dialect = TWILIO) -> None:
         self.ws = ws
         self.call = MediaStreamCall(dialect)
-        self._to_8k = Int16RateAdapter(RATE)
+        self._to_stream_rate: Int16RateAdapter | None = None  # made once `start` names the rate
         self.bad_input = BadInput(log, f"{dialect.name} stream")
 
     async def receive(self) -> InputEvent | None:
@@ -43,7 +44,13 @@ class MediaStreamTransport:
                 return event
 
     async def send_audio(self, chunk: AudioOut) -> None:
-        await send_all(self.ws, *self.call.audio(chunk.chunk_id, self._to_8k(chunk.pcm, chunk.sample_rate)))
+        rate = self.call.rate
+        if rate is None:  # no stream yet: the call drops (and counts) it
+            await send_all(self.ws, *self.call.audio(chunk.chunk_id, chunk.pcm))
+            return
+        if self._to_stream_rate is None or self._to_stream_rate.out_rate != rate:
+            self._to_stream_rate = Int16RateAdapter(rate)
+        await send_all(self.ws, *self.call.audio(chunk.chunk_id, self._to_stream_rate(chunk.pcm, chunk.sample_rate)))
 
     async def clear(self) -> None:
         await send_all(self.ws, *self.call.clear())
