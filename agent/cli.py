@@ -83,8 +83,9 @@ def _load(args):
 def cmd_serve(args) -> int:
     from agent.session import Session
     from transport.telephony.audiosocket_server import AudioSocketTransport, run_audiosocket_server
-    from transport.telephony.media_streams import DIALECTS
+    from transport.telephony.media_streams import DIALECTS, MediaStreamCall
     from transport.telephony.media_streams_ws import MediaStreamTransport
+    from transport.telephony.vonage import VonageCall
     from transport.web.server import run_server
 
     from agent.trace import Tracer
@@ -94,7 +95,7 @@ def cmd_serve(args) -> int:
 
     async def handler(transport) -> None:
         kind = ("sip" if isinstance(transport, AudioSocketTransport) else
-                transport.call.dialect.name if isinstance(transport, MediaStreamTransport) else "web")
+                transport.call.name if isinstance(transport, MediaStreamTransport) else "web")
         sid = f"{kind}{next(counter)}"
         tracer = Tracer(sid, capacity=1 << 17) if args.trace_dir else None
         session = Session(models, transport, _session_config(args), tracer=tracer, session_id=sid)
@@ -106,9 +107,10 @@ def cmd_serve(args) -> int:
                 await asyncio.to_thread(_write_trace, tracer, path)
 
     async def serve() -> None:
-        print(f"duplex: phone media streams at ws://{args.host}:{args.port}/twilio, /telnyx, /plivo and /exotel "
-              f"(see the README's 'Phone calls')", flush=True)
-        routes = {f"/{name}": (lambda ws, d=d: MediaStreamTransport(ws, d)) for name, d in DIALECTS.items()}
+        print(f"duplex: phone media streams at ws://{args.host}:{args.port}/twilio, /telnyx, /plivo, /exotel "
+              f"and /vonage (see the README's 'Phone calls')", flush=True)
+        routes = {f"/{name}": (lambda ws, d=d: MediaStreamTransport(ws, MediaStreamCall(d))) for name, d in DIALECTS.items()}
+        routes["/vonage"] = lambda ws: MediaStreamTransport(ws, VonageCall())
         servers = [run_server(handler, args.host, args.port, models.tts.sample_rate, routes=routes)]
         if args.audiosocket:
             servers.append(run_audiosocket_server(handler, args.host, args.audiosocket))

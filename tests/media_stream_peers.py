@@ -8,6 +8,9 @@ parser, so that the tests check ours against theirs.
   clearAudio/clearedAudio); no `connected`, no `stop` (the socket closes)
 - Exotel: developer.exotel.com/docs/agentstream/websocket-protocol (numbers as strings, raw
   16-bit PCM, marks echoed once played)
+- Vonage: developer.vonage.com/en/voice/voice-api/concepts/websockets (websocket:connected with
+  the NCCO's headers flattened, binary 20 ms frames both ways, notify/websocket:notify,
+  clear/websocket:cleared; the socket closing ends the call)
 """
 from __future__ import annotations
 
@@ -31,13 +34,15 @@ class Peer:
 
     # ---- what the provider sends ----------------------------------------------------------
     def connected(self) -> str | None:
-        if self.name == "plivo":
-            return None  # Plivo starts with `start`
+        if self.name in ("plivo", "vonage"):
+            return None  # Plivo starts with `start`; Vonage's first message is its start
         return json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"})
 
     def start(self, params: dict[str, str] | None = None) -> str:
         params = params or {}
         n = self._next()
+        if self.name == "vonage":
+            return json.dumps({"event": "websocket:connected", "content-type": f"audio/l16;rate={self.rate}", **params})
         if self.name == "twilio":
             return json.dumps({"event": "start", "sequenceNumber": str(n), "streamSid": self.sid,
                                "start": {"streamSid": self.sid, "accountSid": "AC1", "callSid": self.call_id,
@@ -63,7 +68,9 @@ class Peer:
                                      "media_format": {"encoding": self.encoding, "sample_rate": str(self.rate),
                                                       "bit_rate": "16"}}})
 
-    def media(self, payload: bytes, chunk: int = 1, track: str = "inbound") -> str:
+    def media(self, payload: bytes, chunk: int = 1, track: str = "inbound") -> str | bytes:
+        if self.name == "vonage":
+            return payload  # a binary frame
         n, b64 = self._next(), base64.b64encode(payload).decode()
         if self.name == "twilio":
             return json.dumps({"event": "media", "sequenceNumber": str(n), "streamSid": self.sid,
@@ -84,15 +91,19 @@ class Peer:
         """The provider's word that playback reached a mark (checkpoint) we sent."""
         if self.name == "plivo":
             return json.dumps({"event": "playedStream", "streamId": self.sid, "name": mark})
+        if self.name == "vonage":
+            return json.dumps({"event": "websocket:notify", "payload": {"mark": mark}})
         key = "stream_id" if self.name == "telnyx" else "stream_sid" if self.name == "exotel" else "streamSid"
         return json.dumps({"event": "mark", key: self.sid, "mark": {"name": mark}})
 
     def dtmf(self, digit: str) -> str:
+        if self.name == "vonage":
+            return json.dumps({"event": "websocket:dtmf", "digit": digit, "duration": 260})
         key = {"twilio": "streamSid", "telnyx": "stream_id", "plivo": "streamId", "exotel": "stream_sid"}[self.name]
         return json.dumps({"event": "dtmf", key: self.sid, "dtmf": {"track": "inbound", "digit": digit}})
 
     def stop(self) -> str | None:
-        if self.name == "plivo":
+        if self.name in ("plivo", "vonage"):
             return None  # the socket closes
         if self.name == "exotel":
             return json.dumps({"event": "stop", "stream_sid": self.sid,
@@ -101,9 +112,18 @@ class Peer:
         return json.dumps({"event": "stop", key: self.sid, "stop": {"callSid": self.call_id}})
 
     # ---- how the provider reads what we send ----------------------------------------------
-    def read(self, message: str) -> tuple[str, object]:
+    def read(self, message: str | bytes) -> tuple[str, object]:
         """("audio", payload bytes) | ("mark", name) | ("clear", None), checking the stream id
         where the provider expects one."""
+        if self.name == "vonage":
+            if isinstance(message, bytes):
+                assert len(message) == self.rate // 50 * 2, len(message)  # exactly 20 ms a message
+                return "audio", message
+            msg = json.loads(message)
+            if msg["action"] == "notify":
+                return "mark", msg["payload"]["mark"]
+            assert msg == {"action": "clear"}, msg
+            return "clear", None
         msg = json.loads(message)
         event = msg["event"]
         if self.name != "telnyx":
@@ -123,12 +143,14 @@ class Peer:
         """The provider's answer to a clear (Plivo's clearedAudio), if any."""
         if self.name == "plivo":
             return json.dumps({"sequenceNumber": self._next(), "event": "clearedAudio", "streamId": self.sid})
+        if self.name == "vonage":
+            return json.dumps({"event": "websocket:cleared"})
         return None
 
     @property
     def echoes_cleared_marks(self) -> bool:
         """Twilio and Telnyx hand back the marks still queued at a clear; Plivo's clones say
-        theirs are not acknowledged; Exotel does not say (we assume it drops them)."""
+        theirs are not acknowledged; Exotel and Vonage do not say (we assume they drop them)."""
         return self.name in ("twilio", "telnyx")
 
 
@@ -136,6 +158,7 @@ def peer(name: str, encoding: str | None = None, rate: int | None = None) -> Pee
     ids = {"twilio": ("MZ18ad3ab5a668481ce02b83e7395059f0", "CA1", "audio/x-mulaw"),
            "telnyx": ("32DE0DEA-53CB-4B21-89A4-9E1819C043BC", "v2:T02llQ", "PCMU"),
            "plivo": ("20170ada-f610-433b-8758-c02a2aab3662", "ba3e8f5a-2a8a-4a2e-a7b7-7b3c1e1e0b5d", "audio/x-mulaw"),
-           "exotel": ("b7c4a1d2e3f40f1e2d3c4b5a69788796", "e0e8f1b2c3d4a5b6c7d8e9f0a1b2c3d4", "audio/x-raw")}
+           "exotel": ("b7c4a1d2e3f40f1e2d3c4b5a69788796", "e0e8f1b2c3d4a5b6c7d8e9f0a1b2c3d4", "audio/x-raw"),
+           "vonage": ("", "", "audio/l16")}
     sid, call_id, default_encoding = ids[name]
-    return Peer(name, sid, call_id, encoding or default_encoding, rate or 8000)
+    return Peer(name, sid, call_id, encoding or default_encoding, rate or (16000 if name == "vonage" else 8000))

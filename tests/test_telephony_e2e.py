@@ -1,12 +1,13 @@
 """Phone calls to `duplex serve`, with the real default models: one through the Twilio endpoint,
-one through AudioSocket, as Asterisk would make it, and one through the Plivo endpoint in 16 kHz
-linear PCM.
+one through AudioSocket, as Asterisk would make it, one through the Plivo endpoint in 16 kHz
+linear PCM and one through the Vonage endpoint at 24 kHz.
 
 As Twilio, the test plays its part of a bidirectional media stream: it sends the caller's audio as
 8 kHz mu-law at real-time pace (encoded with audioop, not our codec), plays what the bot sends
 on its own 20 ms clock, echoes each mark when playback reaches it, and on `clear` drops its
-queue and hands back the queued marks, as Twilio does. As Plivo, it does the same with Plivo's
-messages (checkpoint, playedStream, clearAudio), but a clear hands back no checkpoints. As
+queue and hands back the queued marks, as Twilio does. As Plivo and Vonage, it does the same
+with their messages (checkpoint/playedStream/clearAudio; binary frames, notify and clear), but
+a clear hands back no marks. As
 Asterisk, it sends 20 ms slin frames and plays the bot's frames as they arrive. In every call
 the caller asks a question, asks for a story and talks over it, after a few malformed messages
 the call must survive.
@@ -330,35 +331,42 @@ def test_asterisk_talking_over_the_bot_stops_its_audio(asterisk_call):
     assert_context_is_what_was_heard(events)
 
 
-@pytest.fixture(scope="module")
-def plivo_call(server, script, asterisk_call):  # one call at a time
-    """A Plivo stream in 16 kHz linear PCM: checkpoints, playAudio, clearAudio; no stop."""
+WIDEBAND = {"plivo": peer("plivo", "audio/x-l16", 16000), "vonage": peer("vonage", "audio/l16", 24000)}
+
+
+@pytest.fixture(scope="module", params=list(WIDEBAND))
+def wideband_call(request, server, script, asterisk_call):  # one call at a time
+    """A Plivo stream in 16 kHz linear PCM (checkpoints, playAudio, clearAudio; no stop), then a
+    Vonage one at 24 kHz (binary 20 ms frames, notify, clear; no stop)."""
     import websockets
+
+    from transport.audio import resample
 
     port, _, trace_dir = server
     audio, marks = script
+    far = WIDEBAND[request.param]
 
     async def talk() -> FakeProvider:
-        async with websockets.connect(f"ws://127.0.0.1:{port}/plivo") as ws:
-            plivo = FakeProvider(ws, peer("plivo", "audio/x-l16", 16000))
-            await plivo.call(audio)
-            return plivo
+        async with websockets.connect(f"ws://127.0.0.1:{port}/{far.name}") as ws:
+            provider = FakeProvider(ws, far)
+            await provider.call(resample(audio, 16000, far.rate))
+            return provider
 
-    plivo = asyncio.run(talk())
-    return plivo, marks, session_trace(trace_dir, "plivo")
-
-
-def test_plivo_caller_at_16_khz_is_understood_and_hears_the_answer(plivo_call):
-    plivo, marks, events = plivo_call
-    assert_understood_and_answered(np.concatenate(plivo.played), marks, events, rate=16000)
+    provider = asyncio.run(talk())
+    return provider, marks, session_trace(trace_dir, far.name)
 
 
-def test_plivo_talking_over_the_bot_clears_plivos_buffer(plivo_call):
-    plivo, marks, events = plivo_call
-    clears = [t for t, k, _ in plivo.log if k == "clear"]
-    assert clears, "speaking over the story did not clear Plivo's buffer"
+def test_wideband_caller_is_understood_and_hears_the_answer(wideband_call):
+    provider, marks, events = wideband_call
+    assert_understood_and_answered(np.concatenate(provider.played), marks, events, rate=provider.far.rate)
+
+
+def test_wideband_talking_over_the_bot_clears_the_providers_buffer(wideband_call):
+    provider, marks, events = wideband_call
+    clears = [t for t, k, _ in provider.log if k == "clear"]
+    assert clears, "speaking over the story did not clear the provider's buffer"
     assert marks["barge_in"][0] < clears[0] < marks["barge_in"][0] + 1.5, (marks["barge_in"], clears)
-    echoed = {int(x[1:]) for _, k, x in plivo.log if k == "echo" and x.startswith("s")}
+    echoed = {int(x[1:]) for _, k, x in provider.log if k == "echo" and x.startswith("s")}
     traced = {e.args["chunk"] for e in events if e.stage == "client" and e.name == "playout_start"}
-    assert echoed and traced <= echoed  # only checkpoints Plivo reached count as played
+    assert echoed and traced <= echoed  # only marks the provider reached count as played
     assert_context_is_what_was_heard(events)

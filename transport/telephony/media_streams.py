@@ -41,12 +41,11 @@ The others differ only in names and formats (`Dialect`):
   ours are padded with silence to the next multiple.
 
 The far end buffers everything sent to it and plays it in order, so what the caller heard is
-known only from marks. `MediaStreamCall` puts a mark before each audio piece ("s<id>": the piece
-starts) and one after it ("e<id>": it ended), and turns their echoes into `Played` events. After
-a `clear`, echoes of the marks that were queued are ignored: that audio was never played (Twilio
-and Telnyx hand them back; Plivo is said not to). The echoes do not say which marks were reached
-and which were cleared, so an echo still on the wire when we send `clear` is dropped with them
-(the caller heard at most one network round trip more than we count).
+known only from marks (`transport.telephony.marks`): one before and one after each audio piece.
+After a `clear`, echoes of the marks that were queued are ignored: that audio was never played
+(Twilio and Telnyx hand them back; Plivo is said not to). The echoes do not say which marks were
+reached and which were cleared, so an echo still on the wire when we send `clear` is dropped
+with them (the caller heard at most one network round trip more than we count).
 """
 from __future__ import annotations
 
@@ -54,7 +53,6 @@ import base64
 import binascii
 import json
 import re
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -62,13 +60,13 @@ from typing import NamedTuple
 import numpy as np
 
 from transport.audio import int16_to_float
-from transport.base import AudioIn, ClientEvent, InputEvent, Played, ProtocolError
+from transport.base import AudioIn, ClientEvent, InputEvent, ProtocolError
 from transport.telephony.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from transport.telephony.marks import PlayoutMarks
 from transport.wire import json_object
 
 MAX_PAYLOAD_BYTES = 48000  # 1 s of 24 kHz 16-bit audio in one message; Twilio sends 20 ms (160 bytes)
 MAX_MESSAGE_CHARS = 80 * 1024  # the largest payload, base64, and the message around it
-MAX_PENDING_MARKS = 1024  # a peer that never echoes marks cannot grow our memory
 DTMF_DIGITS = set("0123456789*#ABCDabcd")
 
 
@@ -288,8 +286,12 @@ class MediaStreamCall:
     def __init__(self, dialect: Dialect = TWILIO) -> None:
         self.dialect = dialect
         self.start: Start | None = None
-        self._pending: OrderedDict[str, tuple[int, str]] = OrderedDict()  # mark name -> (chunk id, event)
+        self.marks = PlayoutMarks()
         self.dropped_audio = 0  # pieces sent before `start` named the stream (nowhere to send them)
+
+    @property
+    def name(self) -> str:
+        return self.dialect.name
 
     @property
     def stream_sid(self) -> str | None:
@@ -320,10 +322,7 @@ class MediaStreamCall:
                 return None  # our own audio echoed back (tracks="both_tracks"): not the caller
             return AudioIn(int16_to_float(self._codec.decode(ev.payload)), self.start.rate)
         if isinstance(ev, Mark):
-            hit = self._pending.pop(ev.name, None)
-            if hit is None:
-                return None  # cleared before it played, or not ours
-            return Played(hit[0], hit[1], now)
+            return self.marks.reached(ev.name, now)
         if isinstance(ev, Dtmf):
             return ClientEvent("dtmf", {"digit": ev.digit})
         if isinstance(ev, Stop):
@@ -337,11 +336,7 @@ class MediaStreamCall:
         if sid is None:
             self.dropped_audio += 1
             return []
-        start, end = f"s{chunk_id}", f"e{chunk_id}"
-        for name, event in ((start, "start"), (end, "end")):
-            self._pending[name] = (chunk_id, event)
-        while len(self._pending) > MAX_PENDING_MARKS:
-            self._pending.popitem(last=False)
+        start, end = self.marks.around(chunk_id)
         d = self.dialect
         payload = self._codec.encode(pcm16)
         if short := -len(payload) % d.payload_multiple:
@@ -353,5 +348,5 @@ class MediaStreamCall:
 
     def clear(self) -> list[str]:
         """Messages that drop everything queued at the far end; its marks never count as played."""
-        self._pending.clear()
+        self.marks.clear()
         return [clear_message(self.stream_sid, self.dialect)] if self.stream_sid else []

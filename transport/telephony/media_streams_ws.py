@@ -1,32 +1,48 @@
-"""asyncio shell for Twilio-style media streams (Twilio, Telnyx, Plivo, Exotel): one WebSocket as
-a `Transport`.
+"""asyncio shell for phone media streams over a WebSocket (Twilio, Telnyx, Plivo, Exotel, Vonage):
+one WebSocket as a `Transport`.
 
-The wire format and the mark bookkeeping live in `transport.telephony.media_streams` (Sans-I/O);
-this only moves messages. The far end reads no error messages, so a bad one is logged, counted
-and skipped: the call goes on.
+The wire formats and the mark bookkeeping live in the Sans-I/O calls
+(`media_streams.MediaStreamCall`, `vonage.VonageCall`); this only moves messages. The far end
+reads no error messages, so a bad one is logged, counted and skipped: the call goes on.
 """
 from __future__ import annotations
 
 import logging
 import time
+from typing import Protocol
 
 from transport.audio import Int16RateAdapter
 from transport.base import AudioOut, InputEvent, ProtocolError
-from transport.telephony.media_streams import TWILIO, CallEnded, Dialect, MediaStreamCall
+from transport.telephony.media_streams import CallEnded
 from transport.websocket_io import recv_or_none, send_all
 from transport.wire import BadInput
 
 log = logging.getLogger("duplex.phone")
 
 
+class PhoneStreamCall(Protocol):
+    """What the shell needs of a Sans-I/O call."""
+
+    name: str
+    rate: int | None  # the stream's sample rate, once the far end has said it
+    stream_sid: str | None
+
+    def receive(self, message: str | bytes, now: float | None = None) -> InputEvent | None:
+        """Raises ProtocolError for a bad message, CallEnded when the far end ends the call."""
+
+    def audio(self, chunk_id: int, pcm16) -> list[str | bytes]: ...
+
+    def clear(self) -> list[str | bytes]: ...
+
+
 class MediaStreamTransport:
     reports_playout = True  # from the marks the far end echoes back
 
-    def __init__(self, ws, dialect: Dialect = TWILIO) -> None:
+    def __init__(self, ws, call: PhoneStreamCall) -> None:
         self.ws = ws
-        self.call = MediaStreamCall(dialect)
-        self._to_stream_rate: Int16RateAdapter | None = None  # made once `start` names the rate
-        self.bad_input = BadInput(log, f"{dialect.name} stream")
+        self.call = call
+        self._to_stream_rate: Int16RateAdapter | None = None  # made once the far end names the rate
+        self.bad_input = BadInput(log, f"{call.name} stream")
 
     async def receive(self) -> InputEvent | None:
         while True:
