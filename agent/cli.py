@@ -1,4 +1,4 @@
-"""The `duplex` command: serve, run, asr-serve, asr-bench, trace."""
+"""The `duplex` command: serve, talk, run, asr-serve, asr-bench, trace, bench."""
 from __future__ import annotations
 
 import argparse
@@ -167,6 +167,47 @@ def cmd_run(args) -> int:
     return 0 if v2v else 1
 
 
+def cmd_talk(args) -> int:
+    """A conversation through this machine's microphone and speaker."""
+    if args.list_devices:
+        import sounddevice as sd
+
+        print(sd.query_devices())
+        return 0
+    from agent.session import Session
+    from agent.trace import Tracer
+    from transport.local_audio import LocalAudioTransport
+
+    models = _load(args)
+    device = lambda d: int(d) if d is not None and d.isdigit() else d  # noqa: E731
+    transport = LocalAudioTransport(device(args.input_device), device(args.output_device), duration_s=args.seconds)
+    tracer = Tracer("talk", capacity=1 << 18) if args.trace else None
+    session = Session(models, transport, _session_config(args), tracer=tracer, session_id="talk")
+
+    async def talk() -> None:
+        await transport.start()
+        print(f"duplex: listening (mic {args.input_device or 'default'}, speaker {args.output_device or 'default'}; "
+              f"use headphones: there is no echo cancellation). Ctrl-C ends.", flush=True)
+        try:
+            await _run_traced(session, tracer)
+        finally:
+            await transport.close()
+
+    try:
+        with _profiling(args, args.trace):
+            asyncio.run(talk())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if tracer is not None:
+            _write_trace(tracer, args.trace)
+    for rec in session.records:
+        print(json.dumps(rec.summary()))
+    if transport.dropped_blocks:
+        print(f"duplex: {transport.dropped_blocks} microphone blocks of 20 ms were dropped (the session fell behind)")
+    return 0
+
+
 def _parse_input(spec: str) -> tuple[str, float | None]:
     path, sep, offset = spec.rpartition("@+")
     if sep and path:
@@ -205,6 +246,16 @@ def main(argv: list[str] | None = None) -> int:
     _trace_args(p)
     _model_args(p)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("talk", help="talk to the agent through this machine's microphone and speaker (headphones)")
+    p.add_argument("--input-device", help="microphone: a PortAudio device number or name (default: the system's)")
+    p.add_argument("--output-device", help="speaker: a PortAudio device number or name (default: the system's)")
+    p.add_argument("--list-devices", action="store_true", help="list the sound devices and exit")
+    p.add_argument("--seconds", type=float, default=None, help="end the conversation after this long")
+    p.add_argument("--trace", help="write a Perfetto trace here (and a JSONL event log beside it)")
+    _trace_args(p)
+    _model_args(p)
+    p.set_defaults(func=cmd_talk)
 
     p = sub.add_parser("run", help="hold a conversation from WAV files; write the bot's channel to a WAV")
     p.add_argument("--input", action="append", required=True,

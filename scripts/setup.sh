@@ -8,7 +8,7 @@ VENV="$ROOT/.venv"
 PY=${PYTHON:-python3}
 step() { printf '\n\033[1m==> [%s] %s\033[0m\n' "$(date +%H:%M:%S)" "$*"; }
 
-APT_PACKAGES=(chromium flite espeak-ng sox libsndfile1 libportaudio2)
+APT_PACKAGES=(chromium flite espeak-ng sox libsndfile1 libportaudio2 libasound2-plugins pulseaudio pulseaudio-utils)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 
 from transport.base import AudioIn, ClientEvent, Played, ProtocolError
 from transport.telephony.audiosocket import (
-    DTMF, ERROR, HANGUP, UUID, AudioSocketCall, CallEnded, Frame, FrameParser, Playback, encode_audio,
+    DTMF, ERROR, HANGUP, UUID, AudioSocketCall, CallEnded, Frame, FrameParser, encode_audio,
     encode_frame)
+from transport.playback import Playback
 
 frames = st.lists(st.builds(Frame, st.sampled_from([0x00, 0x01, 0x03, 0x10, 0x12, 0xFF, 0x42]),
                             st.binary(max_size=700)), max_size=12)

@@ -9,21 +9,20 @@ and the payload (docs.asterisk.org, Channel Drivers / AudioSocket):
         newer Asterisk also sends 0x11-0x18 for 12, 16, 24, 32, 44.1, 48, 96 and 192 kHz
 
 Asterisk plays audio as it arrives and buffers almost none, so the server must send it at real
-time, 20 ms at a time. `Playback` is that pacing without a clock: the shell calls `tick` every
-20 ms; it knows which piece of audio starts and ends in each frame (`Played` events) and a
+time, 20 ms at a time. `transport.playback.Playback` is that pacing without a clock: the shell
+calls `tick` every 20 ms; it knows which piece of audio starts and ends in each frame (`Played` events) and a
 barge-in (`clear`) drops what has not been sent.
 """
 from __future__ import annotations
 
 import struct
 import uuid
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
 from transport.audio import int16_to_float
-from transport.base import AudioIn, ClientEvent, InputEvent, Played, ProtocolError
+from transport.base import AudioIn, ClientEvent, InputEvent, ProtocolError
 
 HANGUP, UUID, DTMF, ERROR = 0x00, 0x01, 0x03, 0xFF
 AUDIO_KINDS = {0x10: 8000, 0x11: 12000, 0x12: 16000, 0x13: 24000, 0x14: 32000, 0x15: 44100,
@@ -107,52 +106,3 @@ class AudioSocketCall:
                 raise CallEnded(self.call_id or "")
             return ClientEvent("far_end_error", {"code": code})
         raise ProtocolError("unknown_kind", f"unknown AudioSocket frame kind 0x{kind:02x}")
-
-
-class Playback:
-    """Reply audio waiting to go out at real time, one 20 ms frame per `tick`.
-
-    Holds at most `max_s` seconds (the session sends well under a second ahead); audio beyond
-    that is refused with an OverflowError rather than kept."""
-
-    def __init__(self, rate: int, max_s: float = 10.0) -> None:
-        self.rate = rate
-        self.frame = int(rate * FRAME_S)
-        self.max_samples = int(rate * max_s)
-        self._queue: deque[list] = deque()  # [chunk_id, samples, samples already sent]
-        self.queued = 0  # samples not yet sent
-
-    def push(self, chunk_id: int, pcm16: np.ndarray) -> None:
-        pcm16 = np.asarray(pcm16, dtype=np.int16)
-        if self.queued + pcm16.size > self.max_samples:
-            raise OverflowError(f"more than {self.max_samples / self.rate:.0f} s of audio queued for playback")
-        # even an empty piece (a resampler can hold back all of a short one) is queued: its
-        # start and end still say that its words were reached
-        self._queue.append([chunk_id, pcm16, 0])
-        self.queued += pcm16.size
-
-    def tick(self, now: float | None = None) -> tuple[np.ndarray | None, list[Played]]:
-        """The next frame to send (None when there is no audio; a short last frame is padded with
-        silence) and the pieces that start or end in it."""
-        if not self._queue:
-            return None, []
-        out, events, need = [], [], self.frame
-        while self._queue and need:
-            item = self._queue[0]
-            cid, pcm, sent = item
-            if sent == 0:
-                events.append(Played(cid, "start", now))
-            take = pcm[sent:sent + need]
-            out.append(take)
-            item[2] += take.size
-            need -= take.size
-            self.queued -= take.size
-            if item[2] >= pcm.size:
-                self._queue.popleft()
-                events.append(Played(cid, "end", now))
-        frame = np.concatenate(out)
-        return (np.pad(frame, (0, self.frame - frame.size)) if frame.size else None), events
-
-    def clear(self) -> None:
-        self._queue.clear()
-        self.queued = 0

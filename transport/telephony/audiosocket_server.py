@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 from transport.audio import Int16RateAdapter
 from transport.base import AudioOut, InputEvent, ProtocolError
 from transport.telephony.audiosocket import (
-    FRAME_S, HANGUP, AudioSocketCall, CallEnded, FrameParser, Playback, encode_audio, encode_frame)
+    FRAME_S, HANGUP, AudioSocketCall, CallEnded, FrameParser, encode_audio, encode_frame)
+from transport.playback import Playback
 from transport.wire import BadInput
 
 log = logging.getLogger("duplex.audiosocket")

@@ -1,0 +1,153 @@
+"""The local sound card as a transport: the microphone in, the speaker out, through sounddevice
+(PortAudio). `duplex talk` uses it, as LiveKit's console mode or pipecat's LocalAudioTransport.
+
+Both streams run on the sound card's clock, in PortAudio's callback thread, and touch nothing of
+the event loop's but through `call_soon_threadsafe`:
+- the microphone's callback hands each block (20 ms) to the loop, where it joins a bounded inbox;
+  a microphone cannot be paused, so when the session falls behind by `max_backlog_s` the oldest
+  blocks are dropped and counted (`dropped_blocks`), never buffered without end;
+- the speaker's callback takes the next block from a clock-free `Playback` buffer (reply audio
+  queued by `send_audio`, at most 10 s), pads with silence when there is none, and reports which
+  reply pieces started and ended in that block as `Played` events. `clear` (a barge-in) empties
+  the buffer at once; what PortAudio and the device already hold (`output_latency_s`, tens of
+  ms) still plays.
+
+There is no echo cancellation: on loudspeakers the bot hears itself and barges in on its own
+voice. Use headphones.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+from transport.audio import Int16RateAdapter, int16_to_float
+from transport.base import AudioIn, AudioOut, InputEvent
+from transport.playback import Playback
+
+log = logging.getLogger("duplex.local")
+
+BLOCK_S = 0.02
+
+
+class LocalAudioTransport:
+    reports_playout = True  # from the speaker's callback: the block a piece starts in was handed to the card
+
+    def __init__(self, input_device: int | str | None = None, output_device: int | str | None = None,
+                 input_rate: int = 16000, output_rate: int | None = None, max_backlog_s: float = 2.0,
+                 duration_s: float | None = None, echo_text: bool = True) -> None:
+        import sounddevice as sd  # PortAudio is loaded only when a sound card is used
+
+        self._sd = sd
+        self.input_device, self.output_device = input_device, output_device
+        self.input_rate = input_rate
+        self.output_rate = output_rate or int(sd.query_devices(output_device, "output")["default_samplerate"])
+        self.max_blocks = max(1, int(max_backlog_s / BLOCK_S))
+        self.duration_s, self.echo_text = duration_s, echo_text
+        self.dropped_blocks = 0
+        self.output_latency_s: float | None = None
+        self._inbox: deque[InputEvent] = deque()  # audio blocks (bounded: max_blocks) and Played events
+        self._audio_in_inbox = 0
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._playback = Playback(self.output_rate, frame_s=BLOCK_S)
+        self._lock = threading.Lock()  # the playback buffer: the speaker's thread and the loop
+        self._to_output_rate = Int16RateAdapter(self.output_rate)
+        self._streams: list = []
+        self._t_end: float | None = None
+
+    # ---- life ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        sd = self._sd
+        mic = sd.InputStream(device=self.input_device, samplerate=self.input_rate, channels=1, dtype="int16",
+                             blocksize=int(self.input_rate * BLOCK_S), callback=self._on_mic)
+        speaker = sd.OutputStream(device=self.output_device, samplerate=self.output_rate, channels=1, dtype="int16",
+                                  blocksize=self._playback.frame, callback=self._on_speaker)
+        self._streams = [mic, speaker]
+        for s in self._streams:
+            await asyncio.to_thread(s.start)
+        self.output_latency_s = float(speaker.latency)
+        if self.duration_s is not None:
+            self._t_end = time.perf_counter() + self.duration_s
+        log.info("sound card: mic %s at %d Hz, speaker %s at %d Hz (output latency %.0f ms)",
+                 self.input_device if self.input_device is not None else "default", self.input_rate,
+                 self.output_device if self.output_device is not None else "default", self.output_rate,
+                 self.output_latency_s * 1000)
+
+    async def close(self) -> None:
+        for s in self._streams:
+            await asyncio.to_thread(s.close)
+        self._streams = []
+
+    # ---- PortAudio's thread ----------------------------------------------------------------
+    def _on_mic(self, indata, frames, time_info, status) -> None:
+        block = indata[:, 0].copy()
+        self._loop.call_soon_threadsafe(self._arrive, AudioIn(int16_to_float(block), self.input_rate))
+
+    def _on_speaker(self, outdata, frames, time_info, status) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            frame, events = self._playback.tick(now)
+        outdata[:, 0] = 0 if frame is None else frame[:frames]
+        for ev in events:
+            self._loop.call_soon_threadsafe(self._arrive, ev)
+
+    # ---- the loop's side -------------------------------------------------------------------
+    def _arrive(self, ev: InputEvent) -> None:
+        if isinstance(ev, AudioIn):
+            if self._audio_in_inbox >= self.max_blocks:  # the session is behind: drop the oldest block
+                for i, old in enumerate(self._inbox):
+                    if isinstance(old, AudioIn):
+                        del self._inbox[i]
+                        break
+                self._audio_in_inbox -= 1
+                self.dropped_blocks += 1
+                if self.dropped_blocks in (1, 10) or self.dropped_blocks % 1000 == 0:
+                    log.warning("microphone: %d blocks of 20 ms dropped so far (the session fell behind)",
+                                self.dropped_blocks)
+            self._audio_in_inbox += 1
+        self._inbox.append(ev)  # Played events: at most two per reply piece, read at once
+        self._wake.set()
+
+    async def receive(self) -> InputEvent | None:
+        while not self._inbox:
+            self._wake.clear()
+            timeout = None if self._t_end is None else self._t_end - time.perf_counter()
+            if timeout is not None and timeout <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                return None
+        if self._t_end is not None and time.perf_counter() >= self._t_end:
+            return None
+        ev = self._inbox.popleft()
+        if isinstance(ev, AudioIn):
+            self._audio_in_inbox -= 1
+        return ev
+
+    async def send_audio(self, chunk: AudioOut) -> None:
+        pcm = self._to_output_rate(chunk.pcm, chunk.sample_rate)
+        with self._lock:
+            self._playback.push(chunk.chunk_id, pcm)
+
+    async def clear(self) -> None:
+        with self._lock:
+            self._playback.clear()
+
+    async def send_event(self, event: dict) -> None:
+        """The console's view of the conversation: what was heard, and the bot's words."""
+        if not self.echo_text:
+            return
+        kind = event.get("type")
+        if kind == "final" and event.get("text"):
+            print(f"you: {event['text']}", flush=True)
+        elif kind == "bot_done":
+            print(f"bot: {event.get('text', '')}", flush=True)
+        elif kind == "interrupted":
+            print(f"     (interrupted; heard: {event.get('heard', '')!r})", flush=True)
