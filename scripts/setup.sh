@@ -8,16 +8,24 @@ VENV="$ROOT/.venv"
 PY=${PYTHON:-python3}
 step() { printf '\n\033[1m==> [%s] %s\033[0m\n' "$(date +%H:%M:%S)" "$*"; }
 
-APT_PACKAGES=(chromium flite espeak-ng sox libsndfile1 libportaudio2 libasound2-plugins pulseaudio pulseaudio-utils)
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  step "apt: installing ${missing[*]}"
+APT_PACKAGES=(chromium flite espeak-ng sox libsndfile1 libportaudio2)
+# the sound server of the sound-card test, without its desktop recommendations (dbus session, rtkit)
+APT_LEAN_PACKAGES=(pulseaudio pulseaudio-utils libasound2-plugins)
+absent() {
+  local p out=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || out+=("$p")
+  done
+  echo "${out[@]}"
+}
+missing=($(absent "${APT_PACKAGES[@]}"))
+missing_lean=($(absent "${APT_LEAN_PACKAGES[@]}"))
+if [ ${#missing[@]} -gt 0 ] || [ ${#missing_lean[@]} -gt 0 ]; then
+  step "apt: installing ${missing[*]} ${missing_lean[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+  [ ${#missing[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+  [ ${#missing_lean[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing_lean[@]}"
 else
   step "apt: all system packages present"
 fi
