@@ -49,6 +49,7 @@ class LocalAudioTransport:
         self.max_blocks = max(1, int(max_backlog_s / BLOCK_S))
         self.duration_s, self.echo_text = duration_s, echo_text
         self.dropped_blocks = 0
+        self.xruns = 0  # blocks the card reported lost (input overflow, output underflow)
         self.output_latency_s: float | None = None
         self._inbox: deque[InputEvent] = deque()  # audio blocks (bounded: max_blocks) and Played events
         self._audio_in_inbox = 0
@@ -86,10 +87,14 @@ class LocalAudioTransport:
 
     # ---- PortAudio's thread ----------------------------------------------------------------
     def _on_mic(self, indata, frames, time_info, status) -> None:
+        if status:
+            self._loop.call_soon_threadsafe(self._xrun, str(status))
         block = indata[:, 0].copy()
         self._loop.call_soon_threadsafe(self._arrive, AudioIn(int16_to_float(block), self.input_rate))
 
     def _on_speaker(self, outdata, frames, time_info, status) -> None:
+        if status:
+            self._loop.call_soon_threadsafe(self._xrun, str(status))
         now = time.perf_counter()
         with self._lock:
             frame, events = self._playback.tick(now)
@@ -98,6 +103,11 @@ class LocalAudioTransport:
             self._loop.call_soon_threadsafe(self._arrive, ev)
 
     # ---- the loop's side -------------------------------------------------------------------
+    def _xrun(self, what: str) -> None:
+        self.xruns += 1
+        if self.xruns in (1, 10) or self.xruns % 1000 == 0:
+            log.warning("sound card: %s (%d so far)", what, self.xruns)
+
     def _arrive(self, ev: InputEvent) -> None:
         if isinstance(ev, AudioIn):
             if self._audio_in_inbox >= self.max_blocks:  # the session is behind: drop the oldest block
