@@ -162,3 +162,33 @@ def test_disconnect_mid_turn_cancels_everything(server, question):
         send_pcm(ws, question, 16000)
         ev, _ = recv_until(ws, lambda e: e["type"] == "bot_done", timeout=60)
         assert ev["text"].strip()
+
+
+def test_two_sessions_at_once_keep_to_themselves(server, question, tmp_path):
+    """Two pages talking at the same moment share the models but nothing else: each hears its
+    own question back, gets its own answer, and keeps its own history."""
+    other = np.concatenate([silence(0.3), say("How many legs does a spider have?", tmp_path / "q2.wav"), silence(1.2)])
+    results: dict[str, tuple] = {}
+    first = len(server.sessions)
+
+    def converse(name: str, audio: np.ndarray) -> None:
+        with connect(url(server)) as ws:
+            ws.send(json.dumps({"type": "hello", "sample_rate": 16000}))
+            send_pcm(ws, audio, 16000, speed=1.0)  # both at once, at real time
+            final, _ = recv_until(ws, lambda e: e["type"] == "final", timeout=60)
+            done, _ = recv_until(ws, lambda e: e["type"] == "bot_done", timeout=60)
+            results[name] = (final["text"], done["text"])
+
+    threads = [threading.Thread(target=converse, args=a) for a in (("france", question), ("spider", other))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert set(results) == {"france", "spider"}, results
+    assert "france" in results["france"][0].lower() and "spider" not in results["france"][0].lower()
+    assert "spider" in results["spider"][0].lower() and "france" not in results["spider"][0].lower()
+    assert all(reply.strip() for _, reply in results.values())
+    histories = [" ".join(m["content"] for m in s.history if m["role"] == "user")
+                 for s in server.sessions[first:first + 2]]
+    assert sorted("spider" in h.lower() for h in histories) == [False, True], histories
+    assert sorted("france" in h.lower() for h in histories) == [False, True], histories
