@@ -14,7 +14,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--asr", default="whisper-tiny.en", help="recognizer (default: embedded Whisper tiny.en)")
     p.add_argument("--llm", default="qwen2.5-0.5b",
                    help="smollm2-135m | qwen2.5-0.5b (default) | qwen2.5-1.5b | path to a .gguf | "
-                        "URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
+                        "URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 | "
+                        "hf:NAME, a transformers model (hub id, directory, .gguf or bundled name)")
     p.add_argument("--llm-model", default=None,
                    help="model name at an OpenAI-compatible --llm URL (default: the first it lists)")
     p.add_argument("--tts", default="piper", help="piper (default, joe voice) | voice.onnx | espeak-ng | flite")

@@ -1,0 +1,100 @@
+"""A local transformers causal LM as a streaming, cancellable chat model: `--llm hf:NAME`.
+
+NAME is a hub id (needs internet, or a filled hub cache), a local model directory, a `.gguf`
+file (transformers dequantizes it to torch weights; needs `gguf` and `accelerate`), or one of the
+bundled GGUF names (`hf:smollm2-135m` runs the bundled SmolLM2 through transformers, the
+offline way to use this backend). llama.cpp (`--llm smollm2-135m`) runs the same GGUF several
+times faster on a CPU; this backend is for models llama.cpp cannot run, for GPUs
+(`device="cuda"`), and for checking a model's answers against its reference implementation.
+
+Generation is our own token loop over the model's KV cache (prefill once, then one token per
+forward), on a worker thread of its own, so that a stop flag is checked before every token:
+cancelling stops it within one token, as the llama.cpp backend does. Tokens are decoded
+incrementally; a piece that ends inside a multi-byte character waits for the next token.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from llm.base import Message
+from llm.bridge import iterate_in_thread
+
+PREFIX = "hf:"
+
+
+def is_transformers(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+class TransformersChat:
+    def __init__(self, name_or_path: str, device: str = "cpu", temperature: float = 0.2, max_tokens: int = 96,
+                 seed: int = 0, name: str | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from llm.bundled import BUNDLED
+
+        source, gguf = name_or_path, None
+        if name_or_path in BUNDLED:
+            source = str(BUNDLED[name_or_path]())
+        if source.endswith(".gguf") and Path(source).is_file():
+            source, gguf = str(Path(source).parent), Path(source).name
+        self.name = name or f"{PREFIX}{name_or_path}"
+        self.max_tokens, self.temperature = max_tokens, temperature
+        self.device = torch.device(device)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="transformers")
+        kwargs = {"gguf_file": gguf} if gguf else {}
+        self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        self.model = AutoModelForCausalLM.from_pretrained(source, **kwargs).to(self.device).eval()
+        config = self.model.generation_config
+        eos = config.eos_token_id if config.eos_token_id is not None else self.tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._lock = threading.Lock()  # one model, one generation at a time
+        self.tokens_generated = 0  # forward passes that produced a token (for tests and stats)
+
+    def _tokens(self, messages: list[Message], max_tokens: int, stop: threading.Event) -> Iterator[int]:
+        import torch
+
+        ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, return_tensors="pt",
+                                                 return_dict=True)["input_ids"].to(self.device)
+        past = None
+        with torch.inference_mode():
+            for _ in range(max_tokens):
+                if stop.is_set():
+                    return
+                out = self.model(input_ids=ids, cache=past, use_cache=True, logits_to_keep=1)
+                past, logits = out.cache, out.logits[0, -1].float()
+                if self.temperature > 0:
+                    probs = torch.softmax(logits / self.temperature, dim=-1)
+                    token = int(torch.multinomial(probs, 1, generator=self._generator))
+                else:
+                    token = int(logits.argmax())
+                self.tokens_generated += 1
+                if token in self.eos_ids:
+                    return
+                yield token
+                ids = torch.tensor([[token]], device=self.device)
+
+    def _generate(self, messages: list[Message], max_tokens: int, stop: threading.Event) -> Iterator[str]:
+        with self._lock:
+            if stop.is_set():
+                return
+            tokens: list[int] = []
+            said = ""
+            for token in self._tokens(messages, max_tokens, stop):
+                tokens.append(token)
+                text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                if text.endswith("\ufffd"):
+                    continue  # inside a multi-byte character: wait for the rest of it
+                if len(text) > len(said):
+                    piece, said = text[len(said):], text
+                    yield piece
+
+    def stream(self, messages: list[Message], max_tokens: int | None = None) -> AsyncIterator[str]:
+        n = max_tokens or self.max_tokens
+        return iterate_in_thread(lambda stop: self._generate(messages, n, stop), maxsize=2, on_demand=True,
+                                 executor=self._thread)
