@@ -9,7 +9,10 @@ times faster on a CPU; this backend is for models llama.cpp cannot run, for GPUs
 
 Generation is our own token loop over the model's KV cache (prefill once, then one token per
 forward), on a worker thread of its own, so that a stop flag is checked before every token:
-cancelling stops it within one token, as the llama.cpp backend does. Tokens are decoded
+cancelling stops it within one token, as the llama.cpp backend does. The cache of the last
+request is kept, and the next prompt reuses its common prefix (the system prompt, the history,
+the words of a partial transcript `warm` evaluated while the user was still speaking), as
+llama.cpp does. Tokens are decoded
 incrementally; a piece that ends inside a multi-byte character waits for the next token.
 """
 from __future__ import annotations
@@ -55,19 +58,43 @@ class TransformersChat:
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._lock = threading.Lock()  # one model, one generation at a time
         self.tokens_generated = 0  # forward passes that produced a token (for tests and stats)
+        self.last_prefill_tokens = 0  # prompt tokens the last request had to evaluate
+        self._kept = None  # the KV cache of the last request: a prompt sharing its prefix reuses it
+        self._kept_ids: list[int] = []
+
+    def _reuse(self, prompt: list[int]):
+        """The kept cache cropped to its common prefix with `prompt` (at most all of it but the
+        last token, whose logits are needed), and the tokens still to feed."""
+        keep = 0
+        if self._kept is not None and self._kept.is_croppable:
+            limit = min(len(self._kept_ids), len(prompt) - 1)
+            while keep < limit and self._kept_ids[keep] == prompt[keep]:
+                keep += 1
+        if keep == 0:
+            return None, prompt
+        extra = self._kept.get_seq_length() - keep
+        if extra > 0:
+            self._kept.crop(-extra)  # transformers 5: a negative count removes that many from the end
+        return self._kept, prompt[keep:]
 
     def _tokens(self, messages: list[Message], max_tokens: int, stop: threading.Event) -> Iterator[int]:
         import torch
 
-        ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, return_tensors="pt",
-                                                 return_dict=True)["input_ids"].to(self.device)
-        past = None
+        prompt = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
+                                                    return_tensors="pt", return_dict=True)["input_ids"][0].tolist()
+        cache, feed = self._reuse(prompt)
+        fed = prompt[:len(prompt) - len(feed)]
+        self.last_prefill_tokens = len(feed)
         with torch.inference_mode():
             for _ in range(max_tokens):
                 if stop.is_set():
                     return
-                out = self.model(input_ids=ids, cache=past, use_cache=True, logits_to_keep=1)
-                past, logits = out.cache, out.logits[0, -1].float()
+                self._kept = None  # a forward that fails halfway leaves no half-written cache behind
+                out = self.model(input_ids=torch.tensor([feed], device=self.device), cache=cache, use_cache=True,
+                                 logits_to_keep=1)
+                cache, logits = out.cache, out.logits[0, -1].float()
+                fed = fed + feed
+                self._kept, self._kept_ids = cache, fed
                 if self.temperature > 0:
                     probs = torch.softmax(logits / self.temperature, dim=-1)
                     token = int(torch.multinomial(probs, 1, generator=self._generator))
@@ -77,7 +104,7 @@ class TransformersChat:
                 if token in self.eos_ids:
                     return
                 yield token
-                ids = torch.tensor([[token]], device=self.device)
+                feed = [token]
 
     def _generate(self, messages: list[Message], max_tokens: int, stop: threading.Event) -> Iterator[str]:
         with self._lock:
@@ -93,6 +120,17 @@ class TransformersChat:
                 if len(text) > len(said):
                     piece, said = text[len(said):], text
                     yield piece
+
+    def warm(self, messages: list[Message]) -> None:
+        """Evaluate the prompt for `messages` now (blocking), so that a request that starts with
+        it only evaluates what follows (the session warms the system prompt and partial
+        transcripts while the user speaks)."""
+        self._thread.submit(self._warm, list(messages)).result()
+
+    def _warm(self, messages: list[Message]) -> None:
+        with self._lock:
+            for _ in self._tokens(messages, 1, threading.Event()):
+                pass
 
     def stream(self, messages: list[Message], max_tokens: int | None = None) -> AsyncIterator[str]:
         n = max_tokens or self.max_tokens

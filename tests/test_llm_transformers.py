@@ -65,3 +65,16 @@ async def test_task_cancel_reaches_the_worker(model):
     n, generated = len(produced), model.tokens_generated
     await asyncio.sleep(0.3)
     assert len(produced) == n and model.tokens_generated - generated <= 1
+
+
+def test_a_prompt_reuses_the_cache_of_the_one_before_and_answers_the_same(model):
+    import threading
+
+    fresh = list(model._tokens(QUESTION, 12, threading.Event()))  # whatever came before
+    model.warm([SYSTEM, {"role": "user", "content": "What is the capital"}])  # a partial transcript
+    again = list(model._tokens(QUESTION, 12, threading.Event()))
+    full = len(model.tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, return_dict=True)["input_ids"])
+    assert model.last_prefill_tokens < full // 2, (model.last_prefill_tokens, full)
+    assert again == fresh  # the reused cache changes nothing in the answer
+    model._kept = None  # and from nothing at all: the same again
+    assert list(model._tokens(QUESTION, 12, threading.Event())) == fresh and model.last_prefill_tokens == full
