@@ -57,6 +57,27 @@ async def read_then_close(stream, n: int) -> int:
     return seen
 
 
+async def cancel_task_after(stream, n: int) -> list:
+    """Consume a chat model's stream in a task, cancel the task once `n` pieces have come, and
+    return the list the task appends to (a piece that arrives after the cancel would show in it)."""
+    import asyncio
+    import contextlib
+
+    produced: list = []
+
+    async def consume():
+        async for piece in stream:
+            produced.append(piece)
+
+    task = asyncio.create_task(consume())
+    while len(produced) < n:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return produced
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

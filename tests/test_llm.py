@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from helpers import LONG_STORY, read_then_close
+from helpers import LONG_STORY, cancel_task_after, read_then_close
 
 pytestmark = pytest.mark.models
 SYSTEM = {"role": "system", "content": "Answer in one short English sentence."}
@@ -38,19 +38,9 @@ async def test_cancel_stops_generation_within_one_token(model):
 
 
 async def test_task_cancel_reaches_the_worker(model):
-    produced = []
-
-    async def consume():
-        async for tok in model.stream([{"role": "system", "content": "You write very long stories."},
-                                       {"role": "user", "content": "Tell a long story."}], max_tokens=400):
-            produced.append(tok)
-
-    task = asyncio.create_task(consume())
-    while len(produced) < 3:
-        await asyncio.sleep(0.01)
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    produced = await cancel_task_after(model.stream([{"role": "system", "content": "You write very long stories."},
+                                                     {"role": "user", "content": "Tell a long story."}],
+                                                    max_tokens=400), 3)
     n = len(produced)
     await asyncio.sleep(0.3)
     assert len(produced) == n  # nothing more arrives after the cancel

@@ -2,11 +2,10 @@
 GGUF (transformers dequantizes it). Its token loop is checked against transformers' own
 `generate`, and it streams and stops within one token as the llama.cpp backend does."""
 import asyncio
-import contextlib
 
 import pytest
 
-from helpers import LONG_STORY, read_then_close
+from helpers import LONG_STORY, cancel_task_after, read_then_close
 
 pytestmark = pytest.mark.models
 SYSTEM = {"role": "system", "content": "Answer in one short English sentence."}
@@ -50,18 +49,7 @@ async def test_cancel_stops_generation_within_one_token(model):
 
 
 async def test_task_cancel_reaches_the_worker(model):
-    produced = []
-
-    async def consume():
-        async for tok in model.stream(LONG_STORY, max_tokens=300):
-            produced.append(tok)
-
-    task = asyncio.create_task(consume())
-    while len(produced) < 3:
-        await asyncio.sleep(0.01)
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    produced = await cancel_task_after(model.stream(LONG_STORY, max_tokens=300), 3)
     n, generated = len(produced), model.tokens_generated
     await asyncio.sleep(0.3)
     assert len(produced) == n and model.tokens_generated - generated <= 1
