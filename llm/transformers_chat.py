@@ -75,6 +75,7 @@ class TransformersChat:
         extra = self._kept.get_seq_length() - keep
         if extra > 0:
             self._kept.crop(-extra)  # transformers 5: a negative count removes that many from the end
+        self._kept_ids = self._kept_ids[:keep]  # the ids and the cache always say the same tokens
         return self._kept, prompt[keep:]
 
     def _tokens(self, messages: list[Message], max_tokens: int, stop: threading.Event) -> Iterator[int]:

@@ -64,5 +64,9 @@ def test_a_prompt_reuses_the_cache_of_the_one_before_and_answers_the_same(model)
     full = len(model.tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, return_dict=True)["input_ids"])
     assert model.last_prefill_tokens < full // 2, (model.last_prefill_tokens, full)
     assert again == fresh  # the reused cache changes nothing in the answer
+    stopped = threading.Event()
+    stopped.set()  # a request cancelled between its cache reuse and its first forward ...
+    assert list(model._tokens([SYSTEM, {"role": "user", "content": "What is"}], 12, stopped)) == []
+    assert list(model._tokens(QUESTION, 12, threading.Event())) == fresh  # ... leaves a cache that still fits
     model._kept = None  # and from nothing at all: the same again
     assert list(model._tokens(QUESTION, 12, threading.Event())) == fresh and model.last_prefill_tokens == full

@@ -12,6 +12,9 @@ the event loop's but through `call_soon_threadsafe`:
   the buffer at once; what PortAudio and the device already hold (`output_latency_s`, tens of
   ms) still plays.
 
+The conversation ends (`receive` returns None) after `duration_s`, or when the microphone's
+stream ends (the device went away).
+
 There is no echo cancellation: on loudspeakers the bot hears itself and barges in on its own
 voice. Use headphones.
 """
@@ -60,13 +63,15 @@ class LocalAudioTransport:
         self._to_output_rate = Int16RateAdapter(self.output_rate)
         self._streams: list = []
         self._t_end: float | None = None
+        self._ended = False  # the microphone is gone: the conversation ends once its audio is read
 
     # ---- life ------------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         sd = self._sd
         mic = sd.InputStream(device=self.input_device, samplerate=self.input_rate, channels=1, dtype="int16",
-                             blocksize=int(self.input_rate * BLOCK_S), callback=self._on_mic)
+                             blocksize=int(self.input_rate * BLOCK_S), callback=self._on_mic,
+                             finished_callback=self._on_mic_finished)
         speaker = sd.OutputStream(device=self.output_device, samplerate=self.output_rate, channels=1, dtype="int16",
                                   blocksize=self._playback.frame, callback=self._on_speaker)
         self._streams = [mic, speaker]
@@ -92,6 +97,12 @@ class LocalAudioTransport:
         block = indata[:, 0].copy()
         self._loop.call_soon_threadsafe(self._arrive, AudioIn(int16_to_float(block), self.input_rate))
 
+    def _on_mic_finished(self) -> None:
+        """The microphone's stream ended (closed by us, or the device went away)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._mic_gone)
+
     def _on_speaker(self, outdata, frames, time_info, status) -> None:
         if status:
             self._loop.call_soon_threadsafe(self._xrun, str(status))
@@ -103,6 +114,10 @@ class LocalAudioTransport:
             self._loop.call_soon_threadsafe(self._arrive, ev)
 
     # ---- the loop's side -------------------------------------------------------------------
+    def _mic_gone(self) -> None:
+        self._ended = True
+        self._wake.set()
+
     def _xrun(self, what: str) -> None:
         self.xruns += 1
         if self.xruns in (1, 10) or self.xruns % 1000 == 0:
@@ -126,6 +141,8 @@ class LocalAudioTransport:
 
     async def receive(self) -> InputEvent | None:
         while not self._inbox:
+            if self._ended:
+                return None
             self._wake.clear()
             timeout = None if self._t_end is None else self._t_end - time.perf_counter()
             if timeout is not None and timeout <= 0:
