@@ -8,7 +8,9 @@ the event loop's but through `call_soon_threadsafe`:
   blocks are dropped and counted (`dropped_blocks`), never buffered without end;
 - the speaker's callback takes the next block from a clock-free `Playback` buffer (reply audio
   queued by `send_audio`, at most 10 s), pads with silence when there is none, and reports which
-  reply pieces started and ended in that block as `Played` events. `clear` (a barge-in) empties
+  reply pieces started and ended in that block as `Played` events, stamped and delivered at the
+  time PortAudio says the block reaches the DAC (the device's buffer ahead of it), so that the
+  words counted as heard are the ones that have left the speaker. `clear` (a barge-in) empties
   the buffer at once; what PortAudio and the device already hold (`output_latency_s`, tens of
   ms) still plays.
 
@@ -38,7 +40,7 @@ BLOCK_S = 0.02
 
 
 class LocalAudioTransport:
-    reports_playout = True  # from the speaker's callback: the block a piece starts in was handed to the card
+    reports_playout = True  # from the speaker's callback, at the time its block reaches the DAC
 
     def __init__(self, input_device: int | str | None = None, output_device: int | str | None = None,
                  input_rate: int = 16000, output_rate: int | None = None, max_backlog_s: float = 2.0,
@@ -106,14 +108,23 @@ class LocalAudioTransport:
     def _on_speaker(self, outdata, frames, time_info, status) -> None:
         if status:
             self._loop.call_soon_threadsafe(self._xrun, str(status))
-        now = time.perf_counter()
+        # this block leaves the speaker when PortAudio says its first sample reaches the DAC
+        # (the device's buffer ahead of it): its pieces are played then, not now
+        ahead = time_info.outputBufferDacTime - time_info.currentTime
+        ahead = ahead if 0.0 <= ahead < 1.0 else self.output_latency_s or 0.0
+        audible = time.perf_counter() + ahead
         with self._lock:
-            frame, events = self._playback.tick(now)
+            frame, events = self._playback.tick(audible)
         outdata[:, 0] = 0 if frame is None else frame[:frames]
-        for ev in events:
-            self._loop.call_soon_threadsafe(self._arrive, ev)
+        if events:
+            self._loop.call_soon_threadsafe(self._arrive_at, audible, events)
 
     # ---- the loop's side -------------------------------------------------------------------
+    def _arrive_at(self, audible: float, events: list) -> None:
+        """Playout events of a block, delivered when the block becomes audible."""
+        for ev in events:
+            self._loop.call_later(max(0.0, audible - time.perf_counter()), self._arrive, ev)
+
     def _mic_gone(self) -> None:
         self._ended = True
         self._wake.set()
