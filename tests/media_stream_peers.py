@@ -28,6 +28,12 @@ class Peer:
     rate: int
     seq: int = 0
 
+    @property
+    def id_key(self) -> str:
+        """The name the provider gives the stream's id."""
+        return {"twilio": "streamSid", "telnyx": "stream_id", "plivo": "streamId", "exotel": "stream_sid",
+                "vonage": ""}[self.name]
+
     def _next(self) -> int:
         self.seq += 1
         return self.seq
@@ -93,14 +99,12 @@ class Peer:
             return json.dumps({"event": "playedStream", "streamId": self.sid, "name": mark})
         if self.name == "vonage":
             return json.dumps({"event": "websocket:notify", "payload": {"mark": mark}})
-        key = "stream_id" if self.name == "telnyx" else "stream_sid" if self.name == "exotel" else "streamSid"
-        return json.dumps({"event": "mark", key: self.sid, "mark": {"name": mark}})
+        return json.dumps({"event": "mark", self.id_key: self.sid, "mark": {"name": mark}})
 
     def dtmf(self, digit: str) -> str:
         if self.name == "vonage":
             return json.dumps({"event": "websocket:dtmf", "digit": digit, "duration": 260})
-        key = {"twilio": "streamSid", "telnyx": "stream_id", "plivo": "streamId", "exotel": "stream_sid"}[self.name]
-        return json.dumps({"event": "dtmf", key: self.sid, "dtmf": {"track": "inbound", "digit": digit}})
+        return json.dumps({"event": "dtmf", self.id_key: self.sid, "dtmf": {"track": "inbound", "digit": digit}})
 
     def stop(self) -> str | None:
         if self.name in ("plivo", "vonage"):
@@ -108,8 +112,7 @@ class Peer:
         if self.name == "exotel":
             return json.dumps({"event": "stop", "stream_sid": self.sid,
                                "stop": {"call_sid": self.call_id, "account_sid": "AC1", "reason": "callended"}})
-        key = "stream_id" if self.name == "telnyx" else "streamSid"
-        return json.dumps({"event": "stop", key: self.sid, "stop": {"callSid": self.call_id}})
+        return json.dumps({"event": "stop", self.id_key: self.sid, "stop": {"callSid": self.call_id}})
 
     # ---- how the provider reads what we send ----------------------------------------------
     def read(self, message: str | bytes) -> tuple[str, object]:
@@ -127,8 +130,7 @@ class Peer:
         msg = json.loads(message)
         event = msg["event"]
         if self.name != "telnyx":
-            key = {"twilio": "streamSid", "plivo": "streamId", "exotel": "stream_sid"}[self.name]
-            assert msg.get(key) == self.sid, msg
+            assert msg.get(self.id_key) == self.sid, msg
         if event == ("playAudio" if self.name == "plivo" else "media"):
             if self.name == "plivo":
                 assert (msg["media"]["contentType"], msg["media"]["sampleRate"]) == (self.encoding, self.rate), msg

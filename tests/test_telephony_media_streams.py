@@ -3,7 +3,6 @@ pipecat uses), the wire formats against pipecat's own serializers for all four, 
 messages as each provider documents them (`media_stream_peers`), mark bookkeeping, and fuzzed
 bad input."""
 import asyncio
-import base64
 import json
 import warnings
 
@@ -23,22 +22,6 @@ from transport.telephony.media_streams import (
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     audioop = pytest.importorskip("audioop")  # stdlib up to 3.12: the G.711 everyone else uses
-
-SID = "MZ18ad3ab5a668481ce02b83e7395059f0"
-
-
-def start_message(encoding="audio/x-mulaw", rate=8000):
-    return json.dumps({"event": "start", "sequenceNumber": "1", "streamSid": SID,
-                       "start": {"streamSid": SID, "accountSid": "AC1", "callSid": "CA1", "tracks": ["inbound"],
-                                 "customParameters": {"caller": "+15550100"},
-                                 "mediaFormat": {"encoding": encoding, "sampleRate": rate, "channels": 1}}})
-
-
-def inbound_media(payload: bytes, track="inbound") -> str:
-    return json.dumps({"event": "media", "sequenceNumber": "3", "streamSid": SID,
-                       "media": {"track": track, "chunk": "1", "timestamp": "5",
-                                 "payload": base64.b64encode(payload).decode()}})
-
 
 def test_g711_is_bit_exact_with_audioop_for_every_sample_and_code():
     pcm = np.arange(-32768, 32768, dtype=np.int16)
@@ -168,20 +151,20 @@ def test_plivo_extra_headers_become_call_parameters():
 
 
 def test_cleared_audio_never_counts_as_played():
+    far = peer("twilio")
     call = MediaStreamCall()
-    call.receive(start_message())
+    call.receive(far.start())
     names = [json.loads(m)["mark"]["name"] for cid in (1, 2) for m in call.audio(cid, np.zeros(800, np.int16))
              if json.loads(m)["event"] == "mark"]
-    echo = lambda name: json.dumps({"event": "mark", "streamSid": SID, "mark": {"name": name}})  # noqa: E731
-    assert call.receive(echo(names[0])) == Played(1, "start", None)
-    assert [json.loads(m) for m in call.clear()] == [{"event": "clear", "streamSid": SID}]
+    assert call.receive(far.echo(names[0])) == Played(1, "start", None)
+    assert [json.loads(m) for m in call.clear()] == [{"event": "clear", "streamSid": far.sid}]
     # Twilio hands back the marks that were still queued; none of that audio was heard
-    assert [call.receive(echo(n)) for n in names[1:]] == [None, None, None]
+    assert [call.receive(far.echo(n)) for n in names[1:]] == [None, None, None]
 
 
 def test_marks_a_peer_never_echoes_stay_bounded():
     call = MediaStreamCall()
-    call.receive(start_message())
+    call.receive(peer("twilio").start())
     for cid in range(3 * MAX_PENDING_MARKS):
         call.audio(cid, np.zeros(8, np.int16))
     assert len(call.marks) <= MAX_PENDING_MARKS
@@ -239,7 +222,7 @@ def test_pcm_audio_of_an_odd_byte_count_is_an_error():
 
 def test_media_before_start_is_an_error_not_a_crash():
     with pytest.raises(ProtocolError) as e:
-        MediaStreamCall().receive(inbound_media(b"\x00" * 160))
+        MediaStreamCall().receive(peer("twilio").media(b"\x00" * 160))
     assert e.value.code == "no_start"
 
 

@@ -3,9 +3,10 @@
 
 Both streams run on the sound card's clock, in PortAudio's callback thread, and touch nothing of
 the event loop's but through `call_soon_threadsafe`:
-- the microphone's callback hands each block (20 ms) to the loop, where it joins a bounded inbox;
+- the microphone's callback hands each block (20 ms) to the loop, where it joins a bounded queue;
   a microphone cannot be paused, so when the session falls behind by `max_backlog_s` the oldest
-  blocks are dropped and counted (`dropped_blocks`), never buffered without end;
+  blocks are dropped and counted (`dropped_blocks`), never buffered without end; playout events
+  wait in a queue of their own and are read first (they are never dropped);
 - the speaker's callback takes the next block from a clock-free `Playback` buffer (reply audio
   queued by `send_audio`, at most 10 s), pads with silence when there is none, and reports which
   reply pieces started and ended in that block as `Played` events, stamped and delivered at the
@@ -31,7 +32,7 @@ from collections import deque
 import numpy as np
 
 from transport.audio import Int16RateAdapter, int16_to_float
-from transport.base import AudioIn, AudioOut, InputEvent
+from transport.base import AudioIn, AudioOut, InputEvent, Played
 from transport.playback import Playback
 
 log = logging.getLogger("duplex.local")
@@ -56,8 +57,8 @@ class LocalAudioTransport:
         self.dropped_blocks = 0
         self.xruns = 0  # blocks the card reported lost (input overflow, output underflow)
         self.output_latency_s: float | None = None
-        self._inbox: deque[InputEvent] = deque()  # audio blocks (bounded: max_blocks) and Played events
-        self._audio_in_inbox = 0
+        self._mic_blocks: deque[AudioIn] = deque(maxlen=self.max_blocks)  # full: appending drops the oldest
+        self._played: deque[Played] = deque()  # at most two per reply piece in the 10 s Playback holds
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._playback = Playback(self.output_rate, frame_s=BLOCK_S)
@@ -134,24 +135,20 @@ class LocalAudioTransport:
         if self.xruns in (1, 10) or self.xruns % 1000 == 0:
             log.warning("sound card: %s (%d so far)", what, self.xruns)
 
-    def _arrive(self, ev: InputEvent) -> None:
-        if isinstance(ev, AudioIn):
-            if self._audio_in_inbox >= self.max_blocks:  # the session is behind: drop the oldest block
-                for i, old in enumerate(self._inbox):
-                    if isinstance(old, AudioIn):
-                        del self._inbox[i]
-                        break
-                self._audio_in_inbox -= 1
+    def _arrive(self, ev: AudioIn | Played) -> None:
+        if isinstance(ev, Played):
+            self._played.append(ev)
+        else:
+            if len(self._mic_blocks) == self.max_blocks:  # the session is behind: the oldest block goes
                 self.dropped_blocks += 1
                 if self.dropped_blocks in (1, 10) or self.dropped_blocks % 1000 == 0:
                     log.warning("microphone: %d blocks of 20 ms dropped so far (the session fell behind)",
                                 self.dropped_blocks)
-            self._audio_in_inbox += 1
-        self._inbox.append(ev)  # Played events: at most two per reply piece, read at once
+            self._mic_blocks.append(ev)
         self._wake.set()
 
     async def receive(self) -> InputEvent | None:
-        while not self._inbox:
+        while not (self._played or self._mic_blocks):
             if self._ended:
                 return None
             self._wake.clear()
@@ -164,10 +161,7 @@ class LocalAudioTransport:
                 return None
         if self._t_end is not None and time.perf_counter() >= self._t_end:
             return None
-        ev = self._inbox.popleft()
-        if isinstance(ev, AudioIn):
-            self._audio_in_inbox -= 1
-        return ev
+        return self._played.popleft() if self._played else self._mic_blocks.popleft()
 
     async def send_audio(self, chunk: AudioOut) -> None:
         pcm = self._to_output_rate(chunk.pcm, chunk.sample_rate)
