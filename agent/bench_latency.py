@@ -241,7 +241,7 @@ async def run_mode(models, script: list[ScriptLine], mode: str, args, out_wav: P
     turns = [ScriptedTurn(line.pcm, ASR_RATE, line.name) for line in script]
     transport = WavConversationTransport(turns, models.tts.sample_rate, str(out_wav), gap_s=args.gap,
                                          reply_timeout_s=args.reply_timeout)
-    cfg = SessionConfig(mode=mode, max_tokens=args.max_tokens)
+    cfg = SessionConfig(mode=mode, max_tokens=args.max_tokens, first_chunk_words=args.first_chunk_words)
     if args.system_prompt:
         cfg.system_prompt = args.system_prompt
     session = Session(models, transport, cfg, tracer=tracer, session_id=f"bench-{label}")
@@ -334,6 +334,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tts", default="piper", help="piper | voice.onnx | espeak-ng | flite")
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--max-tokens", type=int, default=80)
+    p.add_argument("--first-chunk-words", type=int, default=4,
+                   help="words of the reply's first TTS chunk (fewer: first audio sooner, one more join)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="LLM sampling temperature; greedy by default, so that both modes answer the same "
                         "transcript with the same words and the comparison measures the orchestration")
@@ -401,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{plain['voice_to_voice_p50_ms']:.0f} ms ({r['voice_to_voice_p50_ms'] - plain['voice_to_voice_p50_ms']:+.0f} ms), "
                       f"{r['traced_events']} events recorded")
         report = {
-            "config": {"asr": args.asr, "llm": args.llm, "tts": models.tts.name, "max_tokens": args.max_tokens,
+            "config": {"asr": args.asr, "llm": args.llm, "tts": models.tts.name, "max_tokens": args.max_tokens, "first_chunk_words": args.first_chunk_words,
                        "temperature": args.temperature,
                        "gap_s": args.gap, "turns": len(script), "cpus": os.cpu_count(),
                        "warmup": not args.no_warmup, "models_load_s": round(load_s, 1),

@@ -23,6 +23,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=["concurrent", "waterfall"], default="concurrent",
                    help="run stages concurrently (default) or strictly one after another")
     p.add_argument("--max-tokens", type=int, default=80)
+    p.add_argument("--first-chunk-words", type=int, default=4,
+                   help="words of the reply's first TTS chunk (fewer: first audio sooner, one more join)")
     p.add_argument("--no-eou", action="store_true",
                    help="end turns on silence alone (0.5 s), without the smart-turn model")
     p.add_argument("--no-speculation", action="store_true", help="never start replies before the turn ends")
@@ -33,7 +35,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 def _session_config(args):
     from agent.session import SessionConfig
 
-    cfg = SessionConfig(mode=args.mode, max_tokens=args.max_tokens, speculate=not args.no_speculation)
+    cfg = SessionConfig(mode=args.mode, max_tokens=args.max_tokens, speculate=not args.no_speculation,
+                        first_chunk_words=args.first_chunk_words)
     cfg.turns.use_eou = not args.no_eou
     if args.system_prompt:
         cfg.system_prompt = args.system_prompt

@@ -116,6 +116,7 @@ class KyutaiLM(nn.Module):
         hd = c.head_dim
         self.register_buffer("inv_freq", 1.0 / (c.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)),
                              persistent=False)
+        self.requires_grad_(False)  # inference only (and faster: see MimiStreamingEncoder)
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         """Load from `KyutaiSpeechToTextForConditionalGeneration.state_dict()` (LM part)."""

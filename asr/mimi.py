@@ -102,16 +102,18 @@ def rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Te
 class _StreamConv(nn.Module):
     """Causal Conv1d with a per-slot left-context buffer of `kernel_eff - stride` samples.
 
-    Three ways to compute it, with the same math (`path`): oneDNN's convolution (`F.conv1d`, the
+    Four ways to compute it, with the same math (`path`): oneDNN's convolution (`F.conv1d`, the
     default), torch's native im2col-and-GEMM kernel ("native", the one it picks itself for a batch
-    of one), or our own im2col plus one batched matmul ("im2col"). On CPU none wins everywhere:
+    of one), our own im2col plus one batched matmul ("im2col"), or the same columns as one flat
+    GEMM over all slots' output samples ("flat": one call instead of B small ones, which wins on
+    short, wide layers such as the last ones at B=16). On CPU none wins everywhere:
     oneDNN pays ~40 us a call on any batch above one for narrow layers (4 channels x 1920 samples
     at B=4: 46 us against 14 us native), the native kernel loses on wide layers (64 -> 32
     channels: 641 against 286 us), and im2col wins on narrow short ones. `MimiStreamingEncoder.
     tune_convs` times them per layer.
     """
 
-    PATHS = ("onednn", "native", "im2col")
+    PATHS = ("onednn", "native", "im2col", "flat")
 
     def __init__(self, batch: int, cin: int, cout: int, k: int, stride: int = 1, dilation: int = 1,
                  bias: bool = True, replicate: bool = False):
@@ -139,8 +141,12 @@ class _StreamConv(nn.Module):
         if d > 1:
             cols = cols[..., ::d]
         b, cin, n_out, _ = cols.shape
-        cols = cols.permute(0, 1, 3, 2).reshape(b, cin * k, n_out)  # weight order: (cin, k)
-        y = torch.matmul(c.weight.reshape(c.out_channels, cin * k), cols)
+        w = c.weight.reshape(c.out_channels, cin * k)  # weight order: (cin, k)
+        if self.path == "flat":  # one GEMM for the whole batch: rows = (slot, output sample)
+            rows = cols.permute(0, 2, 1, 3).reshape(b * n_out, cin * k)
+            y = rows @ w.t() if c.bias is None else torch.addmm(c.bias, rows, w.t())
+            return y.view(b, n_out, c.out_channels).transpose(1, 2)
+        y = torch.matmul(w, cols.permute(0, 1, 3, 2).reshape(b, cin * k, n_out))
         return y if c.bias is None else y + c.bias[:, None]
 
     def forward(self, x: torch.Tensor, active: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
@@ -228,6 +234,11 @@ class MimiStreamingEncoder(nn.Module):
         self.register_buffer("latent", torch.zeros(batch, spec.hidden_size), persistent=False)  # last step
         inv = 1.0 / (spec.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
         self.register_buffer("inv_freq", inv, persistent=False)
+        # Inference only. This matters for speed, not just memory: a view of a parameter that
+        # requires grad still requires grad under no_grad, and torch.matmul then takes its
+        # autograd-safe broadcast path (CPU, B=16: a 2->4 channel pointwise conv took 118 us
+        # against 16 us).
+        self.requires_grad_(False)
 
     # ---- weights -------------------------------------------------------------------------
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:

@@ -43,3 +43,11 @@ def test_a_long_first_sentence_is_cut_early_and_later_ones_are_not():
     assert len(chunks[0].split()) == 4  # spoken before the sentence is complete
     assert all(len(c.split()) > 7 for c in chunks[1:] + rest)
     assert " ".join(chunks + rest) == text
+
+
+def test_a_two_word_first_chunk():
+    # `SessionConfig.first_chunk_words=2` (`--first-chunk-words 2`): speech starts two tokens sooner
+    chunks, rest = feed("The capital of France is Paris.", first_clause_words=2, first_max_words=2)
+    assert chunks == ["The capital"] and rest == ["of France is Paris."]
+    chunks, _ = feed("Well, honestly, it is Paris.", first_clause_words=2, first_max_words=2)
+    assert chunks[0] == "Well, honestly,"  # a clause mark at two words cuts there

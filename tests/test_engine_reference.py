@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from asr.kyutai import engine_from_hf
-from asr.mimi import MimiSpec, MimiStreamingEncoder
+from asr.mimi import MimiSpec, MimiStreamingEncoder, _StreamConv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -115,10 +115,10 @@ def test_mimi_streaming_equals_full_encode(hf):
     assert len(torch.unique(ref)) > 4, "degenerate codebooks"
 
 
-# ---- the three conv paths compute the same convolution ---------------------------------------
+# ---- every conv path computes the same convolution ---------------------------------------
 @pytest.mark.parametrize("cin,cout,k,stride,dilation,bias", [
     (1, 4, 7, 1, 1, True), (4, 2, 3, 1, 2, True), (8, 16, 10, 5, 1, True), (16, 16, 4, 2, 1, False)])
-@pytest.mark.parametrize("path", ["native", "im2col"])
+@pytest.mark.parametrize("path", [p for p in _StreamConv.PATHS if p != "onednn"])
 def test_each_conv_path_equals_onednn(cin, cout, k, stride, dilation, bias, path):
     from asr.mimi import _StreamConv
 
@@ -133,7 +133,7 @@ def test_each_conv_path_equals_onednn(cin, cout, k, stride, dilation, bias, path
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("path", ["native", "im2col"])
+@pytest.mark.parametrize("path", [p for p in _StreamConv.PATHS if p != "onednn"])
 def test_engine_with_every_conv_on_one_path_matches_transformers(hf, path):
     frames = 3 * WINDOW
     audio = _audio(4, frames)
@@ -153,7 +153,7 @@ def test_tuning_the_convs_leaves_the_streaming_state_as_it_was(hf):
     before = {name: b.clone() for name, b in engine.named_buffers()}
     choices = engine.mimi.tune_convs(repeats=2)
     convs = engine.mimi.stream_convs()
-    assert len(choices) == len(convs) and set(choices) <= {"onednn", "native", "im2col", "pointwise"}
+    assert len(choices) == len(convs) and set(choices) <= {*_StreamConv.PATHS, "pointwise"}
     assert [c.path for c, p in zip(convs, choices) if p != "pointwise"] == [p for p in choices if p != "pointwise"]
     for name, b in engine.named_buffers():
         assert torch.equal(b, before[name]), name
