@@ -452,9 +452,11 @@ class Session:
                         await self._run_commands(self.turns.on_words(self._t_audio, len(hyp.text.split())))
                         # the LLM reads the words so far while the user goes on; not once they
                         # stopped (the decode of their last words needs the CPU then), nor while
-                        # a reply is on (a barge-in: its history is not settled yet)
+                        # a reply is on (a barge-in: its history is not settled yet), nor in
+                        # waterfall mode (its LLM sees nothing before the final transcript)
                         if (self.turns.in_speech and self.turns.state == State.USER_SPEAKING
-                                and self._reply_task is None and self._branch is None):
+                                and self._reply_task is None and self._branch is None
+                                and self.config.mode == "concurrent"):
                             self._warm_prompt_cache(hyp.text)
             elif op == "pause_decode":
                 t_end, n = arg
@@ -638,7 +640,8 @@ class Session:
             messages.append({"role": "user", "content": user_so_far})
 
         async def run() -> None:
-            with self.tracer.span("llm", "warm_cache", turn=len(self.records), messages=len(messages)):
+            with self.tracer.span("llm", "warm_cache", turn=len(self.records), messages=len(messages),
+                                  user_words=len((user_so_far or "").split())):
                 await asyncio.to_thread(warm, messages)
 
         self._warm_task = asyncio.create_task(run(), name="llm-warm")

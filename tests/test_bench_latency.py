@@ -46,7 +46,7 @@ def test_each_input_gets_the_record_ending_nearest_its_exact_end():
 def test_bench_latency_smoke(tmp_path, capsys):
     out = tmp_path / "bench.json"
     rc = main(["--llm", "smollm2-135m", "--turns", "2", "--max-tokens", "24", "--tts", "piper",
-               "--json", str(out), "--work-dir", str(tmp_path)])
+               "--modes", "concurrent+trace,waterfall+trace", "--json", str(out), "--work-dir", str(tmp_path)])
     printed = capsys.readouterr().out
     print(printed)
     assert rc == 0
@@ -56,7 +56,7 @@ def test_bench_latency_smoke(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["config"]["turns"] == 2
     assert report["ratio_p50_concurrent_over_waterfall"] > 0
-    for mode in ("concurrent", "waterfall"):
+    for mode in ("concurrent+trace", "waterfall+trace"):
         res = report["modes"][mode]
         rows = res["turns"]
         assert len(rows) == 2 and res["replied"] == 2
@@ -69,5 +69,11 @@ def test_bench_latency_smoke(tmp_path, capsys):
         lag = res["loop_lag"]
         assert lag["samples"] > 100 and 0 <= lag["p50_ms"] <= lag["p99_ms"] <= lag["max_ms"]
     # waterfall runs the stages in sequence: every stage takes time
-    wf = report["modes"]["waterfall"]["stages_mean_ms"]
+    wf = report["modes"]["waterfall+trace"]["stages_mean_ms"]
     assert all(wf[k] > 0 for k in ("endpoint_ms", "asr_final_ms", "llm_ttft_ms", "tts_first_chunk_ms"))
+    # partial transcripts flow into the LLM (a prompt warmed with the user's words so far) in
+    # concurrent mode only; both modes warm the history and the next user header between turns
+    def partial_warms(mode):
+        events = [json.loads(line) for line in (tmp_path / f"trace-{mode}.jsonl").read_text().splitlines()[1:]]
+        return [e for e in events if e.get("name") == "warm_cache" and e["args"]["user_words"] > 0]
+    assert partial_warms("concurrent") and not partial_warms("waterfall")
