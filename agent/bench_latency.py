@@ -334,7 +334,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tts", default="piper", help="piper | voice.onnx | espeak-ng | flite")
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--max-tokens", type=int, default=80)
-    p.add_argument("--first-chunk-words", type=int, default=4,
+    p.add_argument("--first-chunk-words", type=int, default=2,
                    help="words of the reply's first TTS chunk (fewer: first audio sooner, one more join)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="LLM sampling temperature; greedy by default, so that both modes answer the same "

@@ -23,7 +23,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=["concurrent", "waterfall"], default="concurrent",
                    help="run stages concurrently (default) or strictly one after another")
     p.add_argument("--max-tokens", type=int, default=80)
-    p.add_argument("--first-chunk-words", type=int, default=4,
+    p.add_argument("--first-chunk-words", type=int, default=2,
                    help="words of the reply's first TTS chunk (fewer: first audio sooner, one more join)")
     p.add_argument("--no-eou", action="store_true",
                    help="end turns on silence alone (0.5 s), without the smart-turn model")

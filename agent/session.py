@@ -49,10 +49,9 @@ class SessionConfig:
     # cached prompt prefix stays valid for several turns instead of shifting every turn
     max_history_messages: int = 16
     max_tokens: int = 80
-    # words of the answer's first TTS chunk (fewer if a clause mark comes first at 2+): each word
-    # waited for costs one LLM token (~17 ms on this CPU) before the first audio; the voice then
-    # says the rest as one piece, joined without a gap (tts/joins.py)
-    first_chunk_words: int = 4
+    # words of the answer's first TTS chunk (see tts/chunking.py): each word waited for costs
+    # one LLM token (~17 ms on this CPU) before the first audio
+    first_chunk_words: int = 2
     playout_lead_s: float = 0.4  # audio sent ahead of real time; bounds the far end's buffer
     piece_s: float = 0.1  # size of each audio message
     text_queue: int = 8  # LLM -> TTS chunks in flight
@@ -701,7 +700,7 @@ class Session:
                     yield tok
 
         async def think() -> None:
-            chunker = TextChunker(first_clause_words=min(3, self.config.first_chunk_words),
+            chunker = TextChunker(first_clause_words=min(2, self.config.first_chunk_words),
                                   first_max_words=self.config.first_chunk_words)
             span = self.tracer.begin("llm", "generate", turn=rec.index, model=getattr(self.models.llm, "name", "llm"))
             try:

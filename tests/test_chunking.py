@@ -14,13 +14,18 @@ def test_sentences_and_first_clause():
     chunks, rest = feed(text, first_clause_words=4, first_max_words=7)
     assert chunks == ["The capital of France is Paris,", "a city on the Seine.", "It is lovely!"]
     assert rest == ["Mr. Smith agrees."]
-    # the defaults start speaking after four words, at a clause of three or more if one comes first
+    # the defaults start speaking after two words, at a clause of two if one comes first
     chunks, rest = feed(text)
-    assert chunks == ["The capital of France", "is Paris, a city on the Seine.", "It is lovely!"]
+    assert chunks == ["The capital", "of France is Paris, a city on the Seine.", "It is lovely!"]
     chunks, _ = feed("Yes, it is. Rain, of course, falls.")
-    assert chunks[0] == "Yes, it is."
+    assert chunks[0] == "Yes, it is."  # the sentence ended with the token after the second word
     chunks, _ = feed("Well, rain falls, mostly in spring and autumn.")
-    assert chunks[0] == "Well, rain falls,"
+    assert chunks[0] == "Well, rain falls,"  # a clause mark that arrives with the cut wins
+    chunks, _ = feed("Yes. Rain falls.")
+    assert chunks[0] == "Yes."  # a sentence end cuts at any length
+    # four words, as before the defaults changed
+    chunks, _ = feed(text, first_clause_words=3, first_max_words=4)
+    assert chunks[0] == "The capital of France"
 
 
 def test_no_cut_inside_numbers_or_abbreviations():
@@ -40,7 +45,9 @@ def test_a_long_first_sentence_is_cut_early_and_later_ones_are_not():
     text = ("A brave little dragon was living in a terrifying and dangerous cave near the old village "
             "and it was very happy there with all of its many friends and family members for years.")
     chunks, rest = feed(text)
-    assert len(chunks[0].split()) == 4  # spoken before the sentence is complete
+    assert len(chunks[0].split()) == 2  # spoken before the sentence is complete
+    # the second piece is cut too, so that it is ready before the short first one has been said
+    assert len(chunks[1].split()) == 16
     assert all(len(c.split()) > 7 for c in chunks[1:] + rest)
     assert " ".join(chunks + rest) == text
 
