@@ -218,41 +218,51 @@ def engine_throughput(sizes: list[int], steps: int, threads: int | None, hidden:
           f"torch threads={torch.get_num_threads()}, {steps} timed steps, "
           f"{'torch.compile' if compile else 'eager'}, Mimi convs {'tuned per layer' if tune_convs and not compile else 'oneDNN'}")
 
-    def time_steps(engine, n):
-        B = engine.batch_size
+    def engine(B):
+        e = engine_from_hf(hf, B, compile=compile, tune_convs=tune_convs)
+        if e.conv_paths:
+            print(f"  B={B} Mimi convs: {' '.join(p for p in e.conv_paths if p != 'pointwise')}")
+        B = e.batch_size
         pcm = (np.random.default_rng(0).standard_normal((B, FRAME)) * 0.1).astype(np.float32)
         active = np.ones(B, bool)
-        engine.step(pcm, active, reset=list(range(B)))
+        e.step(pcm, active, reset=list(range(B)))
         for _ in range(10):
-            engine.step(pcm, active)
+            e.step(pcm, active)
+        return e, pcm, active
+
+    def time_round(e, pcm, active, n):
         t0 = time.perf_counter()
         for _ in range(n):
-            engine.step(pcm, active)
+            e.step(pcm, active)
         total = (time.perf_counter() - t0) / n
         if compile:  # the compiled step fuses Mimi into the rest: no separate figure
             return total, float("nan")
         with torch.no_grad():  # the Mimi front end alone (its convs run at the 24 kHz sample rate)
             t0 = time.perf_counter()
             for _ in range(n):
-                engine.mimi.step(engine.pcm, engine.active)
-            mimi = (time.perf_counter() - t0) / n
-        engine.mimi.reset_rows(torch.arange(B))
-        return total, mimi
+                e.mimi.step(e.pcm, e.active)
+            return total, (time.perf_counter() - t0) / n
 
-    def engine(B):
-        e = engine_from_hf(hf, B, compile=compile, tune_convs=tune_convs)
-        if e.conv_paths:
-            print(f"  B={B} Mimi convs: {' '.join(p for p in e.conv_paths if p != 'pointwise')}")
-        return e
-
-    single, single_mimi = time_steps(engine(1), steps)
+    # Every engine is timed in each of `rounds` interleaved rounds and each gets the median of
+    # its rounds: on a shared, noisy machine a slow spell then hits all batch sizes alike
+    # instead of whichever one was being timed (sequential timing moved the B=16 ratio by 0.1).
+    engines = {B: engine(B) for B in dict.fromkeys([1, *sizes])}
+    rounds = max(1, min(10, steps // 20))
+    per_round = max(1, steps // rounds)
+    rows: dict[int, list[tuple[float, float]]] = {B: [] for B in engines}
+    for _ in range(rounds):
+        for B, (e, pcm, active) in engines.items():
+            rows[B].append(time_round(e, pcm, active, per_round))
+    med = {B: (float(np.median([r[0] for r in rs])), float(np.median([r[1] for r in rs]))) for B, rs in rows.items()}
+    single, single_mimi = med[1]
     # B sequential single-stream runs of `steps` frames each take B * steps * single seconds, so
     # their throughput is 1 / single frames per second whatever B is.
+    print(f"{rounds} interleaved rounds of {per_round} steps per engine, median round")
     print(f"single stream: step {single * 1e3:.3f} ms (Mimi {single_mimi * 1e3:.3f} ms) = {1 / single:.0f} frames/s")
     print(f"{'B':>3} {'step ms':>8} {'Mimi ms':>8} {'batched fr/s':>13} {'sequential fr/s':>16} {'ratio':>6} "
           f"{'ratio/B':>8} {'LM-only ratio/B':>16}")
     for B in sizes:
-        t_b, m_b = time_steps(engine(B), steps)
+        t_b, m_b = med[B]
         ratio = (B / t_b) / (1 / single)
         lm_ratio = (B / max(t_b - m_b, 1e-9)) / (1 / max(single - single_mimi, 1e-9))  # nan if compiled
         print(f"{B:>3} {t_b * 1e3:>8.3f} {m_b * 1e3:>8.3f} {B / t_b:>13.0f} {1 / single:>16.0f} {ratio:>6.2f} "

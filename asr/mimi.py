@@ -279,7 +279,7 @@ class MimiStreamingEncoder(nn.Module):
         return [m for m in self.modules() if isinstance(m, _StreamConv)]
 
     @torch.no_grad()
-    def tune_convs(self, repeats: int = 15, margin: float = 0.9) -> list[str]:
+    def tune_convs(self, repeats: int = 40, margin: float = 0.9) -> list[str]:
         """Pick a path (`_StreamConv.PATHS`) for each convolution by timing them at this pool's
         batch size, as `torch.backends.cudnn.benchmark` does for cuDNN; CPU only. Another path
         replaces oneDNN only when it takes under `margin` of oneDNN's time. Streaming state is
