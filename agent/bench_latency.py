@@ -326,6 +326,8 @@ def print_mode(res: dict, out=None) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from agent.cli import positive_int
+
     p = argparse.ArgumentParser(prog="duplex bench latency", description=__doc__.split("\n")[0])
     p.add_argument("--asr", default="whisper-tiny.en")
     p.add_argument("--llm", default="qwen2.5-0.5b",
@@ -334,7 +336,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tts", default="piper", help="piper | voice.onnx | espeak-ng | flite")
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--max-tokens", type=int, default=80)
-    p.add_argument("--first-chunk-words", type=int, default=2,
+    p.add_argument("--first-chunk-words", type=positive_int, default=2,
                    help="words of the reply's first TTS chunk (fewer: first audio sooner, one more join)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="LLM sampling temperature; greedy by default, so that both modes answer the same "

@@ -10,6 +10,14 @@ import statistics
 import sys
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--asr", default="whisper-tiny.en", help="recognizer (default: embedded Whisper tiny.en)")
     p.add_argument("--llm", default="qwen2.5-0.5b",
@@ -23,7 +31,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=["concurrent", "waterfall"], default="concurrent",
                    help="run stages concurrently (default) or strictly one after another")
     p.add_argument("--max-tokens", type=int, default=80)
-    p.add_argument("--first-chunk-words", type=int, default=2,
+    p.add_argument("--first-chunk-words", type=positive_int, default=2,
                    help="words of the reply's first TTS chunk (fewer: first audio sooner, one more join)")
     p.add_argument("--no-eou", action="store_true",
                    help="end turns on silence alone (0.5 s), without the smart-turn model")

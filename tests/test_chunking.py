@@ -1,3 +1,8 @@
+import argparse
+
+import pytest
+
+from agent.cli import positive_int
 from tts.chunking import TextChunker
 
 
@@ -58,3 +63,10 @@ def test_a_two_word_first_chunk():
     assert chunks == ["The capital"] and rest == ["of France is Paris."]
     chunks, _ = feed("Well, honestly, it is Paris.", first_clause_words=2, first_max_words=2)
     assert chunks[0] == "Well, honestly,"  # a clause mark at two words cuts there
+
+
+def test_the_first_chunk_size_flag_takes_positive_integers():
+    assert positive_int("2") == 2
+    for bad in ("0", "-3", "two"):
+        with pytest.raises((argparse.ArgumentTypeError, ValueError)):
+            positive_int(bad)
