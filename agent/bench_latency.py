@@ -405,8 +405,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{plain['voice_to_voice_p50_ms']:.0f} ms ({r['voice_to_voice_p50_ms'] - plain['voice_to_voice_p50_ms']:+.0f} ms), "
                       f"{r['traced_events']} events recorded")
         report = {
-            "config": {"asr": args.asr, "llm": args.llm, "tts": models.tts.name, "max_tokens": args.max_tokens, "first_chunk_words": args.first_chunk_words,
-                       "temperature": args.temperature,
+            "config": {"asr": args.asr, "llm": args.llm, "tts": models.tts.name, "max_tokens": args.max_tokens,
+                       "first_chunk_words": args.first_chunk_words, "temperature": args.temperature,
                        "gap_s": args.gap, "turns": len(script), "cpus": os.cpu_count(),
                        "warmup": not args.no_warmup, "models_load_s": round(load_s, 1),
                        "end_threshold": END_THRESHOLD, "end_smooth_s": END_SMOOTH_S},
