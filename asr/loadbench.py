@@ -185,23 +185,16 @@ async def load_test(args) -> int:
         print(f"end-of-word latency s (EndWord arrival - word end in audio): p50={pct(el, 50):.3f} "
               f"p90={pct(el, 90):.3f} p99={pct(el, 99):.3f} (n={len(el)})")
         if refs:
-            from asr.wer import wer
+            from asr.wer import cer, wer
 
             hyps = [" ".join(ok[i].words) for i in range(min(len(ok), len(refs)))]
-            print(f"WER={wer(refs[:len(hyps)], hyps):.3f} CER={_cer(refs[:len(hyps)], hyps):.3f}")
+            print(f"WER={wer(refs[:len(hyps)], hyps):.3f} CER={cer(refs[:len(hyps)], hyps):.3f}")
     if scheduler is not None and scheduler.step_seconds:
         st = list(scheduler.step_seconds)
         print(f"engine step ms: p50={pct(st, 50) * 1e3:.2f} p99={pct(st, 99) * 1e3:.2f} ticks={scheduler.ticks}")
     print("memory over time:", ", ".join(f"{t:.0f}s {m}" for t, m in mem[:: max(1, len(mem) // 12)]))
     del torch
     return 0 if not errors else 1
-
-
-def _cer(refs: list[str], hyps: list[str]) -> float:
-    from asr.wer import edit_distance
-
-    chars = sum(len(r) for r in refs)
-    return sum(edit_distance(list(r), list(h)) for r, h in zip(refs, hyps)) / max(1, chars)
 
 
 # ---- engine throughput ---------------------------------------------------------------------

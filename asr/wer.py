@@ -44,3 +44,14 @@ def wer(refs: list[str], hyps: list[str]) -> float:
         errors += edit_distance(r, h)
         words += len(r)
     return errors / max(words, 1)
+
+
+def cer(refs: list[str], hyps: list[str]) -> float:
+    """Corpus character error rate over the normalised words' letters, spaces left out: where a
+    recogniser puts word boundaries ("France is" heard as "Francis") does not count."""
+    errors = chars = 0
+    for ref, hyp in zip(refs, hyps, strict=True):
+        r, h = (list("".join(normalize(t)).replace("'", "")) for t in (ref, hyp))
+        errors += edit_distance(r, h)
+        chars += len(r)
+    return errors / max(chars, 1)

@@ -2,7 +2,7 @@
 import pytest
 import soundfile as sf
 
-from asr.wer import normalize, wer
+from asr.wer import cer, normalize, wer
 from helpers import DEV
 
 pytestmark = pytest.mark.models
@@ -11,6 +11,13 @@ pytestmark = pytest.mark.models
 def test_normalizer():
     assert normalize("Mr. Smith, 29340 - ten!") == ["mister", "smith", "2", "9", "3", "4", "0", "10"]
     assert wer(["a b c"], ["a x c"]) == pytest.approx(1 / 3)
+
+
+def test_cer_counts_letters_not_word_boundaries():
+    ref = "The capital of France is Paris."
+    assert cer([ref], ["the capital of Francis Paris"]) == pytest.approx(1 / 25)  # one "e"
+    assert cer([ref], ["The capital of France is"]) == pytest.approx(5 / 25)  # "paris" lost
+    assert cer([ref, "ab"], [ref, "ax"]) == pytest.approx(1 / 27)
 
 
 @pytest.mark.skipif(not (DEV / "transcripts.tsv").exists(), reason="shared/speech/dev is missing")

@@ -145,7 +145,7 @@ def _reply(events, turn: int) -> str:
 
 @pytest.mark.models
 def test_the_question_is_heard_and_the_answer_comes_out_of_the_speaker(conversation):
-    from asr.wer import wer
+    from asr.wer import cer
     from asr.whisper import WhisperRecognizer
 
     speaker, events, _ = conversation
@@ -158,7 +158,10 @@ def test_the_question_is_heard_and_the_answer_comes_out_of_the_speaker(conversat
     heard = WhisperRecognizer.load().transcribe(speaker[a:b].astype(np.float32) / 32768)[0]
     reply = _reply(events, finals[0].turn)
     print("reply:", reply, "| speaker played:", heard)
-    assert wer([reply], [heard]) < 0.5, (reply, heard)
+    # Letters, not words: Whisper tiny splits Piper's words differently from one run to the next
+    # ("of France is Paris" heard as "of Francis Paris" or "a France's Paris": CER 0.04 and 0.12),
+    # while a lost word ("the capital of France is": 0.2) or other audio (~0.7) still fails.
+    assert cer([reply], [heard]) < 0.2, (reply, heard)
     # played at the sound card's pace: the burst lasts as long as the reply's audio
     chunks = [e for e in events if e.stage == "tts" and e.name == "chunk" and e.turn == finals[0].turn]
     spoken_s = sum(e.args["samples"] / e.args["sample_rate"] for e in chunks)
