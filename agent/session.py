@@ -700,8 +700,7 @@ class Session:
                     yield tok
 
         async def think() -> None:
-            chunker = TextChunker(first_clause_words=min(2, self.config.first_chunk_words),
-                                  first_max_words=self.config.first_chunk_words)
+            chunker = TextChunker(first_max_words=self.config.first_chunk_words)
             span = self.tracer.begin("llm", "generate", turn=rec.index, model=getattr(self.models.llm, "name", "llm"))
             try:
                 async with contextlib.aclosing(token_source()) as toks:

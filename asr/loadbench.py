@@ -215,7 +215,6 @@ def engine_throughput(sizes: list[int], steps: int, threads: int | None, hidden:
         e = engine_from_hf(hf, B, compile=compile, tune_convs=tune_convs)
         if e.conv_paths:
             print(f"  B={B} Mimi convs: {' '.join(p for p in e.conv_paths if p != 'pointwise')}")
-        B = e.batch_size
         pcm = (np.random.default_rng(0).standard_normal((B, FRAME)) * 0.1).astype(np.float32)
         active = np.ones(B, bool)
         e.step(pcm, active, reset=list(range(B)))

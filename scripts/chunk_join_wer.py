@@ -49,7 +49,7 @@ def pieces(text: str, first_words: int) -> list[str]:
     """The chunks a streaming reply of `text` is spoken in (one token per word, as the LLM's)."""
     if first_words <= 0:
         return [text]
-    chunker = TextChunker(first_clause_words=min(2, first_words), first_max_words=first_words)
+    chunker = TextChunker(first_max_words=first_words)
     out: list[str] = []
     for token in text.replace(" ", " \0").split("\0"):
         out += chunker.push(token)

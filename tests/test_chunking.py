@@ -57,6 +57,13 @@ def test_a_long_first_sentence_is_cut_early_and_later_ones_are_not():
     assert " ".join(chunks + rest) == text
 
 
+def test_the_first_clause_may_end_from_two_words_or_the_first_chunks_size():
+    assert TextChunker().first_clause_words == 2
+    assert TextChunker(first_max_words=4).first_clause_words == 2
+    assert TextChunker(first_max_words=1).first_clause_words == 1
+    assert TextChunker(first_clause_words=3, first_max_words=4).first_clause_words == 3
+
+
 def test_a_two_word_first_chunk():
     # `SessionConfig.first_chunk_words=2` (`--first-chunk-words 2`): speech starts two tokens sooner
     chunks, rest = feed("The capital of France is Paris.", first_clause_words=2, first_max_words=2)

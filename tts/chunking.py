@@ -34,9 +34,11 @@ class TextChunker:
     with a 4-word first chunk, 3.9 % with a 2-word one).
     """
 
-    def __init__(self, first_clause_words: int = 2, first_max_words: int = 2, clause_words: int = 12,
+    def __init__(self, first_clause_words: int | None = None, first_max_words: int = 2, clause_words: int = 12,
                  max_words: int = 30, second_max_words: int = 16):
-        self.first_clause_words = first_clause_words
+        # a clause mark may end the first chunk from two words on (or sooner, when the first
+        # chunk is shorter than that)
+        self.first_clause_words = min(2, first_max_words) if first_clause_words is None else first_clause_words
         self.first_max_words = first_max_words
         self.second_max_words = second_max_words
         self.clause_words = clause_words
@@ -71,7 +73,8 @@ class TextChunker:
             for m in _CLAUSE_END.finditer(buf):
                 if len(buf[:m.end(1)].split()) >= limit:
                     return self._take(m.end())
-        hard = (self.first_max_words, self.second_max_words)[self._emitted] if self._emitted < 2 else self.max_words
+        hard = (self.first_max_words if self._emitted == 0 else
+                self.second_max_words if self._emitted == 1 else self.max_words)
         if words > hard:
             # no boundary yet: cut at the last space (the word after it may still be growing)
             cut = buf.rstrip().rfind(" ")
