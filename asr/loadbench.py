@@ -269,7 +269,9 @@ def memory_hour(steps: int, every: int) -> list[tuple[int, float]]:
     from asr.kyutai import engine_from_hf, tiny_hf_model
 
     torch.set_num_threads(1)
-    engine = engine_from_hf(tiny_hf_model(seed=0, window=8, layers=1, codebooks=2, hidden=16), 1)
+    # tuned convs, as `duplex asr-serve` runs by default on CPU (the C kernel where it wins)
+    engine = engine_from_hf(tiny_hf_model(seed=0, window=8, layers=1, codebooks=2, hidden=16), 1, tune_convs=True)
+    print(f"  Mimi convs: {' '.join(engine.conv_paths)}")
     noise = (np.random.default_rng(0).standard_normal((64, 1, FRAME)) * 0.3).astype(np.float32)
     active = np.ones(1, bool)
     engine.step(noise[0], active, reset=[0])
@@ -290,7 +292,7 @@ async def memory_flood(audio_seconds: float, speed: float) -> list[tuple[float, 
     from asr.scheduler import EngineScheduler, SchedulerConfig
     from asr.server import PATH, AsrServer
 
-    sched = EngineScheduler(tiny_random(2), SchedulerConfig())
+    sched = EngineScheduler(tiny_random(2, tune_convs=True), SchedulerConfig())
     out = []
     async with sched, AsrServer(sched).serving() as port:
         async with websockets.connect(f"ws://127.0.0.1:{port}{PATH}",

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from asr import seanet_kernel
+
 
 @dataclass(frozen=True)
 class MimiSpec:
@@ -100,32 +102,50 @@ def rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Te
 
 
 class _StreamConv(nn.Module):
-    """Causal Conv1d with a per-slot left-context buffer of `kernel_eff - stride` samples.
+    """Causal Conv1d with a per-slot left-context buffer of `kernel_eff - stride` samples,
+    optionally with the ELU before it (`elu_input`) and a residual added after it.
 
-    Four ways to compute it, with the same math (`path`): oneDNN's convolution (`F.conv1d`, the
+    Six ways to compute it, with the same math (`path`): oneDNN's convolution (`F.conv1d`, the
     default), torch's native im2col-and-GEMM kernel ("native", the one it picks itself for a batch
-    of one), our own im2col plus one batched matmul ("im2col"), or the same columns as one flat
+    of one), our own im2col plus one batched matmul ("im2col"), the same columns as one flat
     GEMM over all slots' output samples ("flat": one call instead of B small ones, which wins on
-    short, wide layers such as the last ones at B=16). On CPU none wins everywhere:
-    oneDNN pays ~40 us a call on any batch above one for narrow layers (4 channels x 1920 samples
-    at B=4: 46 us against 14 us native), the native kernel loses on wide layers (64 -> 32
-    channels: 641 against 286 us), and im2col wins on narrow short ones. `MimiStreamingEncoder.
-    tune_convs` times them per layer.
+    short, wide layers such as the last ones at B=16), and our C kernel (`seanet_kernel.c`), which
+    fuses the ELU, the left context, the convolution, bias and residual into one pass per slot,
+    vectorised over output time ("c-rows") or as dot products per output sample ("c-dots"). On
+    CPU none wins everywhere: oneDNN pays ~40 us a call on any batch above one for narrow layers
+    (4 channels x 1920 samples at B=4: 46 us against 14 us native), the native kernel loses on
+    wide layers (64 -> 32 channels: 641 against 286 us), and the C kernel wins on the narrow,
+    long front layers. `MimiStreamingEncoder.tune_convs` times them per layer.
     """
 
-    PATHS = ("onednn", "native", "im2col", "flat")
+    TORCH_PATHS = ("onednn", "native", "im2col", "flat")
+    C_PATHS = ("c-rows", "c-dots")
+    PATHS = TORCH_PATHS + C_PATHS
 
     def __init__(self, batch: int, cin: int, cout: int, k: int, stride: int = 1, dilation: int = 1,
-                 bias: bool = True, replicate: bool = False):
+                 bias: bool = True, replicate: bool = False, elu_input: bool = False):
         super().__init__()
         self.conv = nn.Conv1d(cin, cout, k, stride, dilation=dilation, bias=bias)
         self.pad = (k - 1) * dilation + 1 - stride
-        self.replicate = replicate
+        self.replicate, self.elu_input = replicate, elu_input
         self.path = "onednn"
         self.register_buffer("cache", torch.zeros(batch, cin, self.pad), persistent=False)
 
+    @property
+    def pointwise(self) -> bool:
+        """Kernel 1, no state: a matmul on the torch paths."""
+        return self.pad == 0 and self.conv.kernel_size[0] == 1
+
+    def paths(self) -> tuple[str, ...]:
+        """The paths this conv can take here: the C kernel's only on CPU float32, when it builds,
+        and not for the replicate-padded downsampling conv."""
+        w = self.conv.weight
+        if self.replicate or w.device.type != "cpu" or w.dtype != torch.float32 or seanet_kernel.library() is None:
+            return self.TORCH_PATHS
+        return self.PATHS
+
     def convolve(self, inp: torch.Tensor) -> torch.Tensor:
-        """The convolution of an already left-padded input (B, cin, pad + L)."""
+        """The convolution of an already left-padded input (B, cin, pad + L), torch paths."""
         c = self.conv
         if self.path == "onednn":
             return c(inp)
@@ -149,32 +169,42 @@ class _StreamConv(nn.Module):
         y = torch.matmul(w, cols.permute(0, 1, 3, 2).reshape(b, cin * k, n_out))
         return y if c.bias is None else y + c.bias[:, None]
 
-    def forward(self, x: torch.Tensor, active: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
-        if self.pad == 0 and self.conv.kernel_size[0] == 1:
-            # Pointwise conv (the residual blocks' second conv): no state, so it is a matmul. Done
-            # as one, because oneDNN's conv1d for kernel 1 with few channels is pathologically slow
-            # on batches (CPU, B=16, 2->4 channels x 1920 samples: 1.6 ms as conv, 0.03 ms as matmul).
+    def forward(self, x: torch.Tensor, active: torch.Tensor, fresh: torch.Tensor,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        if self.path in self.C_PATHS:
+            if self.replicate:
+                raise ValueError("the C kernel does not do replicate padding")
+            c = self.conv
+            return seanet_kernel.stream_conv(x.contiguous(), self.cache if self.pad else None, active, c.weight,
+                                             c.bias, residual, stride=c.stride[0], dilation=c.dilation[0],
+                                             elu=self.elu_input, dots=self.path == "c-dots")
+        if self.elu_input:
+            x = F.elu(x)
+        if self.pointwise:
+            # A matmul: oneDNN's conv1d for kernel 1 with few channels is pathologically slow on
+            # batches (CPU, B=16, 2->4 channels x 1920 samples: 1.6 ms as conv, 0.03 ms as matmul).
             y = torch.matmul(self.conv.weight[:, :, 0], x)
-            return y if self.conv.bias is None else y + self.conv.bias[:, None]
-        prev = self.cache
-        if self.replicate:  # static config: first frame of a stream pads with its first sample
-            prev = torch.where(fresh[:, None, None], x[..., :1].expand_as(prev), prev)
-        inp = torch.cat([prev, x], dim=-1)
-        if self.pad > 0:
-            self.cache.copy_(torch.where(active[:, None, None], inp[..., inp.shape[-1] - self.pad:], self.cache))
-        return self.convolve(inp)
+            y = y if self.conv.bias is None else y + self.conv.bias[:, None]
+        else:
+            prev = self.cache
+            if self.replicate:  # static config: first frame of a stream pads with its first sample
+                prev = torch.where(fresh[:, None, None], x[..., :1].expand_as(prev), prev)
+            inp = torch.cat([prev, x], dim=-1)
+            if self.pad > 0:
+                self.cache.copy_(torch.where(active[:, None, None], inp[..., inp.shape[-1] - self.pad:], self.cache))
+            y = self.convolve(inp)
+        return y if residual is None else residual + y
 
 
 class _ResBlock(nn.Module):
     def __init__(self, batch: int, dim: int, spec: MimiSpec, dilation: int):
         super().__init__()
         hidden = dim // spec.compress
-        self.conv1 = _StreamConv(batch, dim, hidden, spec.residual_kernel_size, dilation=dilation)
-        self.conv2 = _StreamConv(batch, hidden, dim, 1)
+        self.conv1 = _StreamConv(batch, dim, hidden, spec.residual_kernel_size, dilation=dilation, elu_input=True)
+        self.conv2 = _StreamConv(batch, hidden, dim, 1, elu_input=True)
 
     def forward(self, x, active, fresh):
-        h = self.conv1(F.elu(x), active, fresh)
-        return x + self.conv2(F.elu(h), active, fresh)
+        return self.conv2(self.conv1(x, active, fresh), active, fresh, residual=x)
 
 
 class _Layer(nn.Module):
@@ -209,9 +239,9 @@ class MimiStreamingEncoder(nn.Module):
             dim = scale * f
             for j in range(spec.num_residual_layers):
                 seanet.append(_ResBlock(batch, dim, spec, spec.dilation_growth_rate ** j))
-            seanet += [nn.ELU(), _StreamConv(batch, dim, dim * 2, ratio * 2, stride=ratio)]
+            seanet.append(_StreamConv(batch, dim, dim * 2, ratio * 2, stride=ratio, elu_input=True))
             scale *= 2
-        seanet += [nn.ELU(), _StreamConv(batch, scale * f, spec.hidden_size, spec.last_kernel_size)]
+        seanet.append(_StreamConv(batch, scale * f, spec.hidden_size, spec.last_kernel_size, elu_input=True))
         self.seanet = nn.ModuleList(seanet)
         self.layers = nn.ModuleList(_Layer(spec) for _ in range(spec.num_layers))
         self.downsample = _StreamConv(batch, spec.hidden_size, spec.hidden_size, 2 * spec.latent_stride,
@@ -280,44 +310,48 @@ class MimiStreamingEncoder(nn.Module):
 
     @torch.no_grad()
     def tune_convs(self, repeats: int = 40, margin: float = 0.9) -> list[str]:
-        """Pick a path (`_StreamConv.PATHS`) for each convolution by timing them at this pool's
-        batch size, as `torch.backends.cudnn.benchmark` does for cuDNN; CPU only. Another path
-        replaces oneDNN only when it takes under `margin` of oneDNN's time. Streaming state is
-        left as it was. Returns the path per convolution ("pointwise": a matmul already)."""
+        """Pick a path (`_StreamConv.paths()`) for each convolution by timing them at this pool's
+        batch size, as `torch.backends.cudnn.benchmark` does for cuDNN; CPU only. Each path is
+        timed on the whole streaming step of the conv (ELU, left context, conv, residual), on the
+        inputs of a real step. Another path replaces oneDNN only when it takes under `margin` of
+        oneDNN's time. Streaming state is left as it was. Returns the path per convolution
+        ("pointwise": the torch matmul of a kernel-1 conv)."""
         convs = self.stream_convs()
         if self.codebooks.device.type != "cpu":
             return []
-        shapes: dict[int, torch.Size] = {}
-        hooks = [c.conv.register_forward_pre_hook(
-            lambda mod, args, i=i: (shapes.setdefault(i, args[0].shape), None)[1]) for i, c in enumerate(convs)]
+        inputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        hooks = [c.register_forward_pre_hook(
+            lambda mod, args, kwargs, i=i: (inputs.setdefault(i, (args[0].clone(), kwargs.get("residual"))), None)[1],
+            with_kwargs=True) for i, c in enumerate(convs)]
         saved = {name: b.clone() for name, b in self.named_buffers()}
         for c in convs:
             c.path = "onednn"
+        ones = torch.ones(self.batch, dtype=torch.bool, device=self.codebooks.device)
         try:
-            ones = torch.ones(self.batch, dtype=torch.bool, device=self.codebooks.device)
-            self.step(torch.zeros(self.batch, self.spec.frame_size, device=self.codebooks.device), ones)
+            self.step(torch.randn(self.batch, self.spec.frame_size, device=self.codebooks.device) * 0.1, ones)
         finally:
             for h in hooks:
                 h.remove()
+        choices = []
+        try:
+            for i, c in enumerate(convs):
+                x, residual = inputs[i]
+                candidates = ("onednn",) + c.C_PATHS if c.pointwise else c.TORCH_PATHS + c.C_PATHS
+                candidates = tuple(p for p in candidates if p in c.paths())
+                best: dict[str, float] = {}
+                for _ in range(repeats):  # interleaved, the minimum of each: robust to a noisy machine
+                    for path in candidates:
+                        c.path = path
+                        t0 = time.perf_counter()
+                        c(x, ones, self.fresh, residual=residual)
+                        dt = time.perf_counter() - t0
+                        best[path] = min(best.get(path, dt), dt)
+                fastest = min(best, key=best.__getitem__)
+                c.path = fastest if best[fastest] < margin * best["onednn"] else "onednn"
+                choices.append("pointwise" if c.pointwise and c.path == "onednn" else c.path)
+        finally:
             for name, b in self.named_buffers():
                 b.copy_(saved[name])
-        choices = []
-        for i, c in enumerate(convs):
-            if i not in shapes:
-                choices.append("pointwise")
-                continue
-            x = torch.randn(shapes[i], device=self.codebooks.device)
-            best: dict[str, float] = {}
-            for _ in range(repeats):  # interleaved, the minimum of each: robust to a noisy machine
-                for path in c.PATHS:
-                    c.path = path
-                    t0 = time.perf_counter()
-                    c.convolve(x)
-                    dt = time.perf_counter() - t0
-                    best[path] = min(best.get(path, dt), dt)
-            fastest = min(best, key=best.__getitem__)
-            c.path = fastest if best[fastest] < margin * best["onednn"] else "onednn"
-            choices.append(c.path)
         return choices
 
     # ---- state ---------------------------------------------------------------------------
@@ -382,8 +416,8 @@ class MimiStreamingEncoder(nn.Module):
         """pcm: (B, frame_size) float32, active: (B,) bool -> codes (B, num_codebooks) int64."""
         x = pcm[:, None, :]
         fresh = self.fresh
-        for m in self.seanet:
-            x = m(x) if isinstance(m, nn.ELU) else m(x, active, fresh)
+        for m in self.seanet:  # every conv but the first applies the ELU before it
+            x = m(x, active, fresh)
         x = self._transformer(x.transpose(1, 2), active)
         latent = self.downsample(x.transpose(1, 2), active, fresh)  # (B, D, 1)
         self.latent.copy_(latent[:, :, 0])

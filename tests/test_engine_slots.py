@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from asr.engine import StreamingEngine
+from asr import seanet_kernel
 from asr.kyutai import engine_from_hf
 from asr.mimi import _StreamConv
 
@@ -55,32 +56,48 @@ def _run_schedule(engine: StreamingEngine, schedule: dict[int, tuple[int, np.nda
     return {row: (toks, torch.stack(lg)) for row, (toks, lg) in out.items()}
 
 
-def _alone(hf, audio: np.ndarray):
-    engine = engine_from_hf(hf, batch_size=1)
+@pytest.fixture(params=["onednn", "c-rows", "c-dots"])
+def conv_path(request) -> str:
+    """The Mimi conv path of every engine in a test: torch's oneDNN, or the C kernel."""
+    return request.param
+
+
+def _engine(hf, batch_size: int, path: str) -> StreamingEngine:
+    engine = engine_from_hf(hf, batch_size=batch_size)
+    for conv in engine.mimi.stream_convs():
+        if conv.replicate:  # the downsampling conv after the transformer: torch paths only
+            continue
+        assert path in conv.paths(), seanet_kernel.unavailable_reason()
+        conv.path = path
+    return engine
+
+
+def _alone(hf, audio: np.ndarray, path: str = "onednn"):
+    engine = _engine(hf, 1, path)
     res = _run_schedule(engine, {0: (0, audio)}, audio.size // FRAME, {}, garbage_seed=99)
     return res[0]
 
 
-def test_slots_are_isolated(hf):
+def test_slots_are_isolated(hf, conv_path):
     frames = 3 * WINDOW
     audios = {row: _audio(10 + row, frames) for row in range(5)}
     starts = {0: 0, 1: 3, 2: 7, 3: 11, 4: 2}
     idle = {1: {5, 6, 20}, 2: {9, 10, 11, 12}, 3: {14}, 4: set(range(4, 12))}
     ticks = max(starts.values()) + frames + 12
-    engine = engine_from_hf(hf, batch_size=6)  # row 5 is never used: garbage only
+    engine = _engine(hf, 6, conv_path)  # row 5 is never used: garbage only
     got = _run_schedule(engine, {r: (starts[r], audios[r]) for r in audios}, ticks, idle, garbage_seed=1)
     for row, audio in audios.items():
-        tokens, logits = _alone(hf, audio)
+        tokens, logits = _alone(hf, audio, conv_path)
         assert got[row][0] == tokens, f"row {row} tokens differ from running alone"
         torch.testing.assert_close(got[row][1], logits, atol=1e-4, rtol=1e-4)
 
 
-def test_slot_output_independent_of_other_slots_inputs(hf):
+def test_slot_output_independent_of_other_slots_inputs(hf, conv_path):
     frames = 3 * WINDOW
     mine = _audio(1, frames)
     runs = []
     for other_seed in (2, 3):
-        engine = engine_from_hf(hf, batch_size=4)
+        engine = _engine(hf, 4, conv_path)
         schedule = {0: (2, mine), 1: (0, _audio(other_seed, frames)), 3: (5, _audio(other_seed + 7, frames))}
         runs.append(_run_schedule(engine, schedule, frames + 10, {1: {4, 5}}, garbage_seed=other_seed))
     assert runs[0][1][0] != runs[1][1][0], "the other slot's inputs should differ"
@@ -108,14 +125,14 @@ def _poison_row(engine: StreamingEngine, row: int) -> None:
                 conv.cache[row] = float("nan")
 
 
-def test_reset_slot_is_bit_identical_to_fresh_pool(hf):
+def test_reset_slot_is_bit_identical_to_fresh_pool(hf, conv_path):
     frames = 3 * WINDOW
     audio = _audio(5, frames)
-    dirty = engine_from_hf(hf, batch_size=3)
+    dirty = _engine(hf, 3, conv_path)
     _run_schedule(dirty, {1: (0, _audio(6, frames)), 2: (0, _audio(7, frames))}, frames, {}, garbage_seed=3)
     _poison_row(dirty, 1)
     _poison_row(dirty, 0)
-    fresh = engine_from_hf(hf, batch_size=3)
+    fresh = _engine(hf, 3, conv_path)
     a = _run_schedule(dirty, {1: (0, audio)}, frames, {}, garbage_seed=4)[1]
     b = _run_schedule(fresh, {1: (0, audio)}, frames, {}, garbage_seed=4)[1]
     assert a[0] == b[0]
@@ -123,14 +140,14 @@ def test_reset_slot_is_bit_identical_to_fresh_pool(hf):
     assert torch.isfinite(a[1]).all()
 
 
-def test_poisoned_neighbour_does_not_leak(hf):
+def test_poisoned_neighbour_does_not_leak(hf, conv_path):
     """NaN in an idle row's state never reaches an active row."""
     frames = 2 * WINDOW
     audio = _audio(8, frames)
-    engine = engine_from_hf(hf, batch_size=3)
+    engine = _engine(hf, 3, conv_path)
     _poison_row(engine, 0)
     _poison_row(engine, 2)
     got = _run_schedule(engine, {1: (0, audio)}, frames, {}, garbage_seed=5)[1]
-    alone = _alone(hf, audio)
+    alone = _alone(hf, audio, conv_path)
     assert got[0] == alone[0]
     torch.testing.assert_close(got[1], alone[1], atol=1e-4, rtol=1e-4)
