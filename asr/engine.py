@@ -187,7 +187,7 @@ class StreamingEngine(nn.Module):
         self.register_buffer("v0", v0, persistent=False)
         self.register_buffer("tok0", tok0, persistent=False)
         self._ar = torch.arange(B, device=dev)
-        # CPU, eager: time each Mimi conv's paths (`_StreamConv.PATHS`) at this B (off by
+        # CPU, eager: time each Mimi conv's paths (`_StreamConv.paths()`) at this B (off by
         # default: the choice depends on timing, so two pools may compute in different ways)
         self.conv_paths = mimi.tune_convs() if tune_convs and not compile else []
         self._core = torch.compile(self._step_core, dynamic=False) if compile else self._step_core

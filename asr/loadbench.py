@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile", action="store_true", help="--engine-throughput: torch.compile the step")
     p.add_argument("--no-tune-convs", dest="tune_convs", action="store_false",
                    help="oneDNN for every Mimi conv of the engine (default, as asr-serve does: each conv's "
-                        "path is timed per layer at start-up on CPU)")
+                        "path, the SEANet C kernel among them, is timed per layer at start-up on CPU)")
     p.add_argument("--memory", action="store_true")
     p.add_argument("--memory-steps", type=int, default=45_000)
     p.add_argument("--flood-seconds", type=float, default=600.0)

@@ -176,7 +176,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="torch.compile the engine step")
     p.add_argument("--no-tune-convs", dest="tune_convs", action="store_false",
                    help="on CPU, keep oneDNN for every Mimi conv instead of timing it against torch's native "
-                        "kernel and im2col-matmul per layer at start-up")
+                        "kernel, im2col-matmul and the SEANet C kernel per layer at start-up")
     p.add_argument("--api-key", action="append", default=None,
                    help="accepted kyutai-api-key (repeatable; default: public_token)")
     p.add_argument("--no-auth", action="store_true", help="accept clients without a key")
