@@ -128,7 +128,10 @@ def stream_conv(x: torch.Tensor, state: torch.Tensor | None, active: torch.Tenso
     if residual is not None and residual.shape != (B, cout, lout):
         raise ValueError(f"residual must be {(B, cout, lout)}, got {tuple(residual.shape)}")
     y = torch.empty(B, cout, lout)
-    ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+
+    def ptr(t: torch.Tensor | None) -> int | None:
+        return None if t is None else t.data_ptr()
+
     rc = lib.duplex_stream_conv(B, cin, cout, k, stride, dilation, L, pad, x.data_ptr(), ptr(state),
                                 active.data_ptr(), weight.data_ptr(), ptr(bias), ptr(residual), y.data_ptr(),
                                 int(elu), int(dots), max(1, min(B, torch.get_num_threads())))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from asr import seanet_kernel
 from asr.kyutai import engine_from_hf
 from asr.mimi import MimiSpec, MimiStreamingEncoder, _StreamConv
 
@@ -90,11 +91,16 @@ def test_reference_window_actually_matters(hf):
     assert not torch.allclose(logits, full[1:], atol=1e-3)
 
 
-def test_mimi_streaming_equals_full_encode(hf):
+@pytest.mark.parametrize("path", ["onednn", *_StreamConv.C_PATHS])
+def test_mimi_streaming_equals_full_encode(hf, path):
     spec = MimiSpec.from_hf(hf.codec_model.config)
     enc = MimiStreamingEncoder(spec, batch=3, num_codebooks=hf.config.num_codebooks)
     sd = {k[len("codec_model."):]: v for k, v in hf.state_dict().items() if k.startswith("codec_model.")}
     enc.load_hf_state_dict(sd)
+    for conv in enc.stream_convs():
+        if not conv.replicate:  # the C kernel does not do the replicate-padded downsampling conv
+            assert path in conv.paths(), seanet_kernel.unavailable_reason()
+            conv.path = path
     frames = 5 * spec.sliding_window
     audio = _audio(3, frames)
     ref = _hf_codes(hf, audio)
@@ -139,7 +145,10 @@ def test_engine_with_every_conv_on_one_path_matches_transformers(hf, path):
     audio = _audio(4, frames)
     engine = engine_from_hf(hf, batch_size=2)
     for conv in engine.mimi.stream_convs():
-        conv.path = path if path in conv.paths() else "onednn"  # C kernel: not the replicate-padded conv
+        if conv.replicate and path in conv.C_PATHS:  # the C kernel does not do replicate padding
+            continue
+        assert path in conv.paths(), seanet_kernel.unavailable_reason()
+        conv.path = path
     tokens, logits = _run_engine_single(engine, audio, row=0)
     ref = _hf_reference(hf, _hf_codes(hf, audio), [engine.bos_token] + tokens, WINDOW)
     assert tokens == ref[1:].argmax(-1).tolist()
