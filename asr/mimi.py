@@ -308,6 +308,17 @@ class MimiStreamingEncoder(nn.Module):
         """Every convolution of the encoder, in order (SEANet, then the downsampling conv)."""
         return [m for m in self.modules() if isinstance(m, _StreamConv)]
 
+    def use_conv_path(self, path: str) -> None:
+        """Put every convolution on `path` (one of `_StreamConv.PATHS`), as a test or a benchmark
+        may want instead of `tune_convs`. The C kernel's paths leave the replicate-padded
+        downsampling conv as it is; any other conv that cannot take `path` is an error."""
+        for c in self.stream_convs():
+            if path in c.paths():
+                c.path = path
+            elif not (c.replicate and path in c.C_PATHS):
+                raise ValueError(f"conv path {path!r} unavailable here"
+                                 + (f": {seanet_kernel.unavailable_reason()}" if path in c.C_PATHS else ""))
+
     @torch.no_grad()
     def tune_convs(self, repeats: int = 40, margin: float = 0.9) -> list[str]:
         """Pick a path (`_StreamConv.paths()`) for each convolution by timing them at this pool's

@@ -108,15 +108,15 @@ def stream_conv(x: torch.Tensor, state: torch.Tensor | None, active: torch.Tenso
                 elu: bool, dots: bool) -> torch.Tensor:
     """One streaming step of a causal conv, `seanet_kernel.c`'s contract. x: (B, cin, L);
     state: (B, cin, pad = (k - 1) * dilation + 1 - stride) updated in place for active rows (None
-    when pad is 0); active: (B,)
-    bool; weight: (cout, cin, k); residual: (B, cout, L_out) or None. CPU float32 only."""
+    when pad is 0); active: (B,) bool; weight: (cout, cin, k); residual: (B, cout, L // stride) or
+    None. CPU float32 only."""
     lib = library()
     if lib is None:
         raise RuntimeError(f"SEANet C kernel unavailable: {unavailable_reason()}")
     B, cin, L = x.shape
     cout, wcin, k = weight.shape
     pad = (k - 1) * dilation + 1 - stride  # the causal left context
-    lout = (pad + L - (k - 1) * dilation - 1) // stride + 1
+    lout = L // stride  # (pad + L - span) // stride + 1 with this pad
     tensors = [x, weight, active] + [t for t in (state, bias, residual) if t is not None]
     if any(t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
         raise ValueError("the SEANet C kernel takes contiguous CPU tensors")

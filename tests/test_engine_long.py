@@ -38,10 +38,7 @@ def _windowed_reference(hf, texts, codes, first_pos: int):
 def test_one_hour_session_fixed_memory_and_still_correct(conv_path):
     hf = tiny_hf_model(seed=3, window=WINDOW, layers=1, codebooks=2, hidden=16)
     engine = engine_from_hf(hf, batch_size=1)
-    for conv in engine.mimi.stream_convs():
-        if not conv.replicate:
-            assert conv_path in conv.paths()
-            conv.path = conv_path
+    engine.mimi.use_conv_path(conv_path)
     before = engine.state_pointers()
     rng = np.random.default_rng(0)
     noise = (rng.standard_normal((64, 1, FRAME)) * 0.3).astype(np.float32)  # reused: no per-step allocation

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from asr import seanet_kernel
 from asr.kyutai import engine_from_hf
 from asr.mimi import MimiSpec, MimiStreamingEncoder, _StreamConv
 
@@ -97,10 +96,7 @@ def test_mimi_streaming_equals_full_encode(hf, path):
     enc = MimiStreamingEncoder(spec, batch=3, num_codebooks=hf.config.num_codebooks)
     sd = {k[len("codec_model."):]: v for k, v in hf.state_dict().items() if k.startswith("codec_model.")}
     enc.load_hf_state_dict(sd)
-    for conv in enc.stream_convs():
-        if not conv.replicate:  # the C kernel does not do the replicate-padded downsampling conv
-            assert path in conv.paths(), seanet_kernel.unavailable_reason()
-            conv.path = path
+    enc.use_conv_path(path)
     frames = 5 * spec.sliding_window
     audio = _audio(3, frames)
     ref = _hf_codes(hf, audio)
@@ -144,15 +140,18 @@ def test_engine_with_every_conv_on_one_path_matches_transformers(hf, path):
     frames = 3 * WINDOW
     audio = _audio(4, frames)
     engine = engine_from_hf(hf, batch_size=2)
-    for conv in engine.mimi.stream_convs():
-        if conv.replicate and path in conv.C_PATHS:  # the C kernel does not do replicate padding
-            continue
-        assert path in conv.paths(), seanet_kernel.unavailable_reason()
-        conv.path = path
+    engine.mimi.use_conv_path(path)
+    assert {c.path for c in engine.mimi.stream_convs() if not c.replicate} == {path}
     tokens, logits = _run_engine_single(engine, audio, row=0)
     ref = _hf_reference(hf, _hf_codes(hf, audio), [engine.bos_token] + tokens, WINDOW)
     assert tokens == ref[1:].argmax(-1).tolist()
     torch.testing.assert_close(logits, ref[1:], atol=1e-4, rtol=1e-4)
+
+
+def test_an_unavailable_conv_path_is_refused(hf):
+    engine = engine_from_hf(hf, batch_size=2)
+    with pytest.raises(ValueError, match="'cuDNN' unavailable"):
+        engine.mimi.use_conv_path("cuDNN")
 
 
 def test_tuning_the_convs_leaves_the_streaming_state_as_it_was(hf):

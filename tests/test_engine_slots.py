@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from asr.engine import StreamingEngine
-from asr import seanet_kernel
 from asr.kyutai import engine_from_hf
 from asr.mimi import _StreamConv
 
@@ -64,11 +63,7 @@ def conv_path(request) -> str:
 
 def _engine(hf, batch_size: int, path: str) -> StreamingEngine:
     engine = engine_from_hf(hf, batch_size=batch_size)
-    for conv in engine.mimi.stream_convs():
-        if conv.replicate:  # the downsampling conv after the transformer: torch paths only
-            continue
-        assert path in conv.paths(), seanet_kernel.unavailable_reason()
-        conv.path = path
+    engine.mimi.use_conv_path(path)
     return engine
 
 
