@@ -266,6 +266,7 @@ class Session:
                     self._on_client_event(event)
         finally:
             await self._cancel_branch("session ended")
+            await self._end_reply_with_session()
             tasks = [t for t in (self._reply_task, self._eou_task, self._warm_task, asr_task) if t is not None]
             for task in tasks:
                 task.cancel()
@@ -580,12 +581,7 @@ class Session:
         self.tracer.instant("transport", "clear", turn=len(self.records) - 1)
         self._playout = None
         if rec is not None and task is not None:
-            rec.interrupted = True
-            rec.reply_text = "".join(rec.tokens).strip()
-            heard = playout.heard_text(self.transport.reports_playout) if playout else ""
-            rec.heard_text = heard
-            self.tracer.instant("turn", "interrupted", turn=rec.index, heard=heard)
-            self._remember(rec.user_text, heard)
+            heard = self._keep_cut_reply(rec, playout, "barge-in")
             if playout is not None and playout.clauses:
                 k = playout.interrupted_clause(self.transport.reports_playout)
                 start = rec.reply_text.find(playout.clauses[k][1])
@@ -612,7 +608,28 @@ class Session:
             self._reply(resumed, rec.user_text, fixed_text=rest, spoken_prefix=prefix),
             name=f"reply-resume-{rec.index}")
 
-    def _remember(self, user: str, assistant: str) -> None:
+    def _keep_cut_reply(self, rec: TurnRecord, playout: Playout | None, why: str, warm: bool = True) -> str:
+        """The reply of `rec` stopped before its end (its task is cancelled): keep what was
+        generated and what the far end heard of it in the turn's record and in the context
+        (`warm`: have the LLM read that context now, for the next turn)."""
+        rec.interrupted = True
+        rec.reply_text = "".join(rec.tokens).strip()
+        heard = playout.heard_text(self.transport.reports_playout) if playout else ""
+        rec.heard_text = heard
+        self.tracer.instant("turn", "interrupted", turn=rec.index, heard=heard, why=why)
+        self._remember(rec.user_text, heard, warm=warm)
+        return heard
+
+    async def _end_reply_with_session(self) -> None:
+        """The far end hung up (or the input ended) while a reply was on its way: the turn keeps
+        the user's words and what was heard of the reply, as after a barge-in."""
+        rec, task, playout = self._reply_rec, self._reply_task, self._playout
+        if rec is None or task is None or task.done():
+            return
+        await self._cancel_reply()
+        self._keep_cut_reply(rec, playout, "session ended", warm=False)
+
+    def _remember(self, user: str, assistant: str, warm: bool = True) -> None:
         if user:  # a greeting has no user message before it
             self.history.append({"role": "user", "content": user})
         if assistant:
@@ -624,7 +641,8 @@ class Session:
                 del self.history[0]  # never start the context with an answer
         # the next prompt starts with this history and the user's header: evaluate them now,
         # while nobody waits (after a history cut that is the whole prompt)
-        self._warm_prompt_cache("")
+        if warm:
+            self._warm_prompt_cache("")
 
     def _warm_prompt_cache(self, user_so_far: str | None = None) -> None:
         """Have the LLM evaluate a prompt prefix now, while the user speaks, instead of in the

@@ -1,7 +1,9 @@
 """WAV-file transport for offline runs, tests and benchmarks.
 
 It plays a scripted conversation into the session at real-time pace (20 ms frames): each input
-file, then silence until the bot's reply has been played out and `gap_s` has passed. It acts as
+file, then silence until the bot's reply has been played out and `gap_s` has passed (a reply is
+over when its audio has played and the session's state says it no longer thinks or speaks, so a
+slow model's pause between two chunks does not end it). It acts as
 the far end's player too: reply audio is laid on an output timeline at the moment it would play,
 `clear()` drops what was not yet played, and Played marks come back when a chunk starts.
 """
@@ -19,6 +21,7 @@ from transport.audio import Int16RateAdapter
 from transport.base import AudioIn, AudioOut, InputEvent, Played
 
 FRAME_S = 0.02
+BUSY_STATES = ("thinking", "bot_speaking")  # session states in which a reply is still coming
 
 
 @dataclass
@@ -61,6 +64,7 @@ class WavConversationTransport:
         self._out_len = 0  # samples written to the timeline so far
         self._audio_end = 0  # output sample at which queued reply audio runs out
         self._got_audio_this_turn = False
+        self._bot_busy = False  # the session's last state event: thinking or speaking a reply
         self.input_end_times: list[float] = []  # timeline seconds at which each input file ended
         self.input_start_times: list[float] = []
         # what the far end saw and played (bounded): sent audio with its text, play starts, clears
@@ -129,7 +133,7 @@ class WavConversationTransport:
         while self.now() < deadline:
             audio_end = self._audio_end / self.output_sample_rate
             idle = self.now() - max(audio_end, self.input_end_times[-1] if self.input_end_times else 0)
-            if self._got_audio_this_turn and not self._queued and idle >= self.gap_s:
+            if self._got_audio_this_turn and not self._queued and not self._bot_busy and idle >= self.gap_s:
                 return
             yield silence
 
@@ -174,6 +178,8 @@ class WavConversationTransport:
         self.events_log.append({"type": "clear", "t": self.now()})
 
     async def send_event(self, event: dict) -> None:
+        if event.get("type") == "state":
+            self._bot_busy = event.get("state") in BUSY_STATES
         self.events_log.append({**event, "t": self.now()})
 
     def close(self) -> None:
