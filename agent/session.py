@@ -226,6 +226,7 @@ class Session:
         self._reply_task: asyncio.Task | None = None
         self._reply_rec: TurnRecord | None = None
         self._playout: Playout | None = None
+        self._ended = False  # run() is ending: warm no more prompts (their work would be wasted)
         self._branch: Branch | None = None
         self._pause_decodes = 0
         self._decoded: tuple[float, Hypothesis] | None = None  # last early decode: (speech end, text)
@@ -265,6 +266,7 @@ class Session:
                 elif isinstance(event, ClientEvent):
                     self._on_client_event(event)
         finally:
+            self._ended = True
             await self._cancel_branch("session ended")
             await self._end_reply_with_session()
             tasks = [t for t in (self._reply_task, self._eou_task, self._warm_task, asr_task) if t is not None]
@@ -608,16 +610,15 @@ class Session:
             self._reply(resumed, rec.user_text, fixed_text=rest, spoken_prefix=prefix),
             name=f"reply-resume-{rec.index}")
 
-    def _keep_cut_reply(self, rec: TurnRecord, playout: Playout | None, why: str, warm: bool = True) -> str:
+    def _keep_cut_reply(self, rec: TurnRecord, playout: Playout | None, why: str) -> str:
         """The reply of `rec` stopped before its end (its task is cancelled): keep what was
-        generated and what the far end heard of it in the turn's record and in the context
-        (`warm`: have the LLM read that context now, for the next turn)."""
+        generated and what the far end heard of it in the turn's record and in the context."""
         rec.interrupted = True
         rec.reply_text = "".join(rec.tokens).strip()
         heard = playout.heard_text(self.transport.reports_playout) if playout else ""
         rec.heard_text = heard
         self.tracer.instant("turn", "interrupted", turn=rec.index, heard=heard, why=why)
-        self._remember(rec.user_text, heard, warm=warm)
+        self._remember(rec.user_text, heard)
         return heard
 
     async def _end_reply_with_session(self) -> None:
@@ -627,9 +628,9 @@ class Session:
         if rec is None or task is None or task.done():
             return
         await self._cancel_reply()
-        self._keep_cut_reply(rec, playout, "session ended", warm=False)
+        self._keep_cut_reply(rec, playout, "session ended")
 
-    def _remember(self, user: str, assistant: str, warm: bool = True) -> None:
+    def _remember(self, user: str, assistant: str) -> None:
         if user:  # a greeting has no user message before it
             self.history.append({"role": "user", "content": user})
         if assistant:
@@ -641,8 +642,7 @@ class Session:
                 del self.history[0]  # never start the context with an answer
         # the next prompt starts with this history and the user's header: evaluate them now,
         # while nobody waits (after a history cut that is the whole prompt)
-        if warm:
-            self._warm_prompt_cache("")
+        self._warm_prompt_cache("")
 
     def _warm_prompt_cache(self, user_so_far: str | None = None) -> None:
         """Have the LLM evaluate a prompt prefix now, while the user speaks, instead of in the
@@ -650,7 +650,7 @@ class Session:
         cut), or the user's words so far (`user_so_far`, a partial transcript; the final prompt
         shares every token up to the words that changed)."""
         warm = getattr(self.models.llm, "warm", None)
-        if warm is None or (self._warm_task is not None and not self._warm_task.done()):
+        if warm is None or self._ended or (self._warm_task is not None and not self._warm_task.done()):
             return
         messages: list[Message] = [{"role": "system", "content": self.config.system_prompt}, *self.history]
         if user_so_far is not None:

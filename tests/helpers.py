@@ -39,6 +39,13 @@ def silence(seconds: float, rate: int = 16000) -> np.ndarray:
     return np.zeros(int(seconds * rate), dtype=np.float32)
 
 
+def is_word_prefix(heard: str, reply: str, strict: bool = False) -> bool:
+    """`heard` is the reply's first words (with `strict`, fewer than all of them): what a cut reply
+    leaves in the context."""
+    h, r = heard.split(), reply.split()
+    return r[:len(h)] == h and (not strict or len(h) < len(r))
+
+
 # a request that runs long, for checking that closing a chat stream early stops it
 LONG_STORY = [{"role": "system", "content": "You write very long stories."},
               {"role": "user", "content": "Tell me a very long story about a dragon."}]
