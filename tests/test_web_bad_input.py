@@ -141,17 +141,27 @@ def test_declared_sample_rate_is_resampled_or_rejected(server, question):
         assert "capital" in ev["text"].lower() and "france" in ev["text"].lower(), ev["text"]
 
 
+def wait_ended(server, sessions, timeout=15.0) -> None:
+    """Wait until every session in `sessions` has ended (its `run()` returned)."""
+    deadline = time.time() + timeout
+    while any(s not in server.finished for s in sessions) and time.time() < deadline:
+        time.sleep(0.05)
+    running = [s.session_id for s in sessions if s not in server.finished]
+    assert not running, f"sessions still running {timeout} s after their page closed: {running}"
+
+
 def test_disconnect_mid_turn_cancels_everything(server, question):
-    before = len(server.finished)
+    # the earlier tests' pages have closed: their sessions end (a reply cut mid-token finishes that
+    # token first), so that the task check below sees only this session's leftovers
+    wait_ended(server, list(server.sessions))
+    first = len(server.sessions)
     with connect(url(server)) as ws:
         ws.send(json.dumps({"type": "hello", "sample_rate": 16000}))
         send_pcm(ws, question, 16000)
         recv_until(ws, lambda e: e["type"] == "bot_text", timeout=60)  # the reply is under way
-    deadline = time.time() + 15
-    while len(server.finished) == before and time.time() < deadline:
-        time.sleep(0.05)
-    assert len(server.finished) == before + 1, "the session did not end after the disconnect"
-    session = server.finished[-1]
+    assert len(server.sessions) == first + 1
+    session = server.sessions[first]
+    wait_ended(server, [session])
     assert session._reply_task is None or session._reply_task.done()
     time.sleep(0.3)
     leftover = {n for n in server.tasks() if n.startswith(("reply-", "asr"))}
