@@ -5,6 +5,7 @@ and then speech over the bot's reply (barge-in). Everything the page sees is in 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -49,6 +50,7 @@ def server(trace_dir):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (scripts/setup.sh installs it)")
 def test_browser_conversation(server, conversation_wav, trace_dir):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     wav, marks = conversation_wav
@@ -63,7 +65,14 @@ def test_browser_conversation(server, conversation_wav, trace_dir):
         page.goto(server + "/?autostart=1&aec=0")
         page.wait_for_function("window.duplexLog.some(e => e.type === 'mic_started')", timeout=30_000)
         total_s = marks["tail"][1]
-        page.wait_for_timeout(int((total_s + 4) * 1000))
+        page.wait_for_timeout(int(total_s * 1000))  # the microphone file plays out at real time
+        # then what the checks below need (a loaded machine may still be finishing it), or 60 s
+        with contextlib.suppress(PlaywrightTimeout):
+            page.wait_for_function("window.duplexLog.some(e => e.type === 'player_cleared')"
+                                   " && window.duplexLog.some(e => e.type === 'heard_latency' && e.turn === 0)"
+                                   " && window.duplexLog.some(e => e.type === 'latency' && e.turn === 0)",
+                                   timeout=60_000)
+        page.wait_for_timeout(2000)  # the rest of the reply to the barge-in
         log = page.evaluate("window.duplexLog")
         Path(os.environ.get("DUPLEX_BROWSER_LOG", "/tmp/duplex-browser-log.json")).write_text(__import__("json").dumps(log))
         browser.close()

@@ -42,7 +42,7 @@ def test_noise_interrupts_then_the_bot_resumes(tmp_path):
 
     story = np.concatenate([silence(0.4), say("Please tell me a long story about a brave little dragon.",
                                                tmp_path / "s.wav"), silence(0.2)])
-    turns = [ScriptedTurn(story, 16000, "story"), ScriptedTurn(rumble(1.5), 16000, "rumble", start_after_s=2.8)]
+    turns = [ScriptedTurn(story, 16000, "story"), ScriptedTurn(rumble(1.5), 16000, "rumble", start_after_s=4.5)]
     models = load_models()
     models.vad_factory = EnergyVAD
     config = SessionConfig(max_tokens=120, system_prompt=(

@@ -33,7 +33,7 @@ def test_hanging_up_during_the_greeting_keeps_what_was_heard_of_it(tmp_path):
 
     greeting = ("Hello and welcome to the city library. I can renew your books, tell you our opening hours, "
                 "book a room for your study group, or help you find a title in the catalogue.")
-    session, tracer = run_script(tmp_path, [ScriptedTurn(silence(1.0), 16000, "hello?")], reply_timeout_s=2.5,
+    session, tracer = run_script(tmp_path, [ScriptedTurn(silence(1.0), 16000, "hello?")], reply_timeout_s=4.0,
                                  greeting=greeting)
     rec = session.records[0]
     assert rec.interrupted and rec.reply_text == greeting
@@ -49,7 +49,7 @@ def test_hanging_up_before_the_answer_is_over_keeps_the_question(tmp_path):
 
     question = np.concatenate([silence(0.4), say("Please tell me a long story about a brave little dragon.",
                                                  tmp_path / "q.wav"), silence(0.2)])
-    session, _ = run_script(tmp_path, [ScriptedTurn(question, 16000, "story")], reply_timeout_s=2.0, max_tokens=160,
+    session, _ = run_script(tmp_path, [ScriptedTurn(question, 16000, "story")], reply_timeout_s=4.0, max_tokens=160,
                             system_prompt="You are a storyteller. Answer every request with a long, detailed "
                                           "story of at least ten sentences.")
     assert len(session.records) == 1

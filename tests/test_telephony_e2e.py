@@ -128,7 +128,7 @@ def script(tmp_path_factory):
     d = tmp_path_factory.mktemp("caller")
     parts = {"lead": silence(1.0), "q1": say("What is the capital of France?", d / "q1.wav"), "gap1": silence(8.0),
              "q2": say("Please tell me a long story about a brave little dragon.", d / "q2.wav"),
-             "gap2": silence(3.0), "barge_in": say("Stop, stop. Wait a moment please.", d / "bi.wav"),
+             "gap2": silence(4.5), "barge_in": say("Stop, stop. Wait a moment please.", d / "bi.wav"),
              "tail": silence(7.0)}
     marks, t = {}, 0.0
     for name, p in parts.items():
@@ -227,7 +227,7 @@ def test_twilio_marks_tell_the_server_what_was_played(phone_call):
     # an echo still on the wire when the server sent `clear` is dropped with the cleared marks
     # (Twilio's echoes do not say which were reached and which were cleared); only those
     clears = [t for t, k, _ in twilio.log if k == "clear"]
-    late = [cid for cid in set(echoed) - traced if not any(0 <= c - echoed[cid] < 0.3 for c in clears)]
+    late = [cid for cid in set(echoed) - traced if not any(0 <= c - echoed[cid] < 1.0 for c in clears)]
     assert not late, late
 
 
@@ -316,8 +316,10 @@ def test_asterisk_gets_audio_at_real_time_pace(asterisk_call):
     assert len(answer) > 25, "less than half a second of answer"
     span = answer[-1] - answer[0]
     assert span >= 0.9 * (len(answer) - 1) * 0.02, f"{len(answer)} frames in {span:.2f} s"
+    # 10 frames in any 200 ms, plus at most the 5 (100 ms) the pacer sends at once to catch up after
+    # a stall, plus one at the window's edge; unpaced audio would come 20+ at once (the 0.4 s lead)
     busiest = max(sum(1 for u in answer if t <= u < t + 0.2) for t in answer)
-    assert busiest <= 13, f"{busiest} frames within 200 ms"
+    assert busiest <= 16, f"{busiest} frames within 200 ms"
 
 
 def test_asterisk_talking_over_the_bot_stops_its_audio(asterisk_call):
