@@ -308,8 +308,9 @@ async def memory_flood(audio_seconds: float, speed: float) -> list[tuple[float, 
 
             drainer = asyncio.create_task(drain())
             for i in range(int(audio_seconds)):
-                await asyncio.sleep(max(0.0, t0 + i / speed - time.perf_counter()))
-                await ws.send(chunk)
+                if speed > 0:
+                    await asyncio.sleep(max(0.0, t0 + i / speed - time.perf_counter()))
+                await ws.send(chunk)  # at speed 0 this waits whenever the server stops reading
                 if i % max(1, int(audio_seconds) // 20) == 0:
                     out.append((time.perf_counter() - t0, rss_mib(), session.buffered_samples))
             drainer.cancel()
@@ -324,7 +325,8 @@ def memory_mode(args) -> int:
     print("  step: RSS MiB  " + ", ".join(f"{i}: {r:.1f}" for i, r in samples))
     print(f"  growth after first sample: {samples[-1][1] - base:+.2f} MiB (max {max(r for _, r in samples) - base:+.2f})"
           f" in {time.perf_counter() - t0:.0f}s")
-    print(f"client at {args.flood_speed:g}x real time, {args.flood_seconds:g}s of audio, in-process server:")
+    pace = f"{args.flood_speed:g}x real time" if args.flood_speed > 0 else "as fast as it can send"
+    print(f"client at {pace}, {args.flood_seconds:g}s of audio, in-process server:")
     flood = asyncio.run(memory_flood(args.flood_seconds, args.flood_speed))
     base = flood[min(2, len(flood) - 1)][1]
     print("  t s: RSS MiB / buffered samples  " + ", ".join(f"{t:.0f}: {r:.1f}/{b}" for t, r, b in flood))
@@ -360,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory", action="store_true")
     p.add_argument("--memory-steps", type=int, default=45_000)
     p.add_argument("--flood-seconds", type=float, default=600.0)
-    p.add_argument("--flood-speed", type=float, default=10.0)
+    p.add_argument("--flood-speed", type=float, default=10.0,
+                   help="x real time for --memory's client; 0 = as fast as the server reads (backpressure)")
     args = p.parse_args(argv)
     if args.engine_throughput:
         return engine_throughput(args.sizes, args.steps, args.threads, args.hidden, args.layers, args.compile,

@@ -20,3 +20,16 @@ def test_engine_throughput_prints_a_row_per_batch_size(capsys):
     assert abs(batched - 2000 / step_ms) <= 1  # streams x frames per second
     assert rows[1][4] == 1.0  # the single stream against itself
     assert abs(ratio_per_b - ratio / 2) < 0.01
+
+
+def test_the_memory_flood_at_full_speed_is_held_at_the_servers_cap():
+    """`--memory --flood-speed 0`: the client sends as fast as the server reads; the server's
+    buffer fills to its cap and no further (the client's sends wait)."""
+    import asyncio
+
+    from asr.loadbench import SR, memory_flood
+
+    samples = asyncio.run(memory_flood(60, 0))
+    buffered = [b for *_, b in samples]
+    assert len(samples) == 20 and max(buffered) <= 10 * SR
+    assert max(buffered) >= 5 * SR, buffered  # it was flooded: the cap, not the pace, held it
