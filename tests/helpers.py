@@ -91,6 +91,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until(condition, timeout: float, every: float = 0.05) -> bool:
+    """Poll `condition()` until it is true or `timeout` seconds have passed; its last value."""
+    deadline = time.time() + timeout
+    while not (met := condition()) and time.time() < deadline:
+        time.sleep(every)
+    return bool(met)
+
+
 def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:

@@ -8,14 +8,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 
-from helpers import duplex_serve, say, silence
+from helpers import duplex_serve, say, silence, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.models]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -119,9 +118,7 @@ def test_browser_conversation(server, conversation_wav, trace_dir):
     # from the ping/pong offset) and the page's mouth-to-ear figures
     from agent.trace_export import load_events
 
-    deadline = time.time() + 20
-    while not list(trace_dir.glob("*.trace.json")) and time.time() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: list(trace_dir.glob("*.trace.json")), 20, every=0.2)
     traces = list(trace_dir.glob("*.trace.json"))
     assert traces, "the session's trace was not written when the page went away"
     events = load_events(str(traces[0]))

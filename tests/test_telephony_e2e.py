@@ -15,7 +15,6 @@ the call must survive.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import time
 import warnings
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import duplex_serve, free_port, is_word_prefix, say, silence
+from helpers import duplex_serve, free_port, is_word_prefix, say, silence, wait_until
 from media_stream_peers import Peer, peer
 
 with warnings.catch_warnings():
@@ -153,9 +152,8 @@ def session_trace(trace_dir: Path, prefix: str):
     """The events of the one session whose id starts with `prefix`, once its trace is written."""
     from agent.trace_export import load_events
 
-    deadline = time.time() + 30
-    while not (found := sorted(trace_dir.glob(f"{prefix}*.trace.json"))) and time.time() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: list(trace_dir.glob(f"{prefix}*.trace.json")), 30, every=0.2)
+    found = sorted(trace_dir.glob(f"{prefix}*.trace.json"))
     assert len(found) == 1, found
     return load_events(str(found[0]))
 

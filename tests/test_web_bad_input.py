@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from websockets.sync.client import connect
 
-from helpers import free_port, say, silence
+from helpers import free_port, say, silence, wait_until
 
 pytestmark = pytest.mark.models
 
@@ -143,11 +143,11 @@ def test_declared_sample_rate_is_resampled_or_rejected(server, question):
 
 def wait_ended(server, sessions, timeout=15.0) -> None:
     """Wait until every session in `sessions` has ended (its `run()` returned)."""
-    deadline = time.time() + timeout
-    while any(s not in server.finished for s in sessions) and time.time() < deadline:
-        time.sleep(0.05)
-    running = [s.session_id for s in sessions if s not in server.finished]
-    assert not running, f"sessions still running {timeout} s after their page closed: {running}"
+    def running() -> list[str]:
+        return [s.session_id for s in sessions if s not in server.finished]
+
+    assert wait_until(lambda: not running(), timeout), \
+        f"sessions still running {timeout} s after their page closed: {running()}"
 
 
 def test_disconnect_mid_turn_cancels_everything(server, question):
