@@ -64,6 +64,8 @@ from typing import Any, Iterator, NamedTuple
 
 __all__ = [
     "STAGES",
+    "Stage",
+    "Ev",
     "Event",
     "Tracer",
     "NullTracer",
@@ -86,6 +88,68 @@ STAGES: tuple[str, ...] = (
     "speculation",
     "memory",
 )
+
+class Stage:
+    """Stage (track) names: the tracer's writers and its readers (report, export) use these."""
+
+    AUDIO_IN = "audio_in"
+    VAD = "vad"
+    TURN = "turn"
+    ASR = "asr"
+    LLM = "llm"
+    TTS = "tts"
+    TRANSPORT = "transport"
+    CLIENT = "client"
+    SPECULATION = "speculation"
+    MEMORY = "memory"
+
+
+class Ev:
+    """Event names, per stage (see the module docstring for what each carries)."""
+
+    # turn
+    USER_SPEECH_START = "user_speech_start"
+    USER_SPEECH_END = "user_speech_end"
+    ENDPOINT = "endpoint"
+    PAUSE = "pause"
+    SPEECH_RESUMED = "speech_resumed"
+    BARGE_IN = "barge_in"
+    INTERRUPTED = "interrupted"
+    RESUME = "resume"
+    GREETING = "greeting"
+    REPLY_ERROR = "reply_error"
+    TURN_END = "turn_end"
+    EOU_CHECK = "eou_check"
+    # asr
+    PARTIAL = "partial"
+    FINAL = "final"
+    PARTIAL_DECODE = "partial_decode"
+    PAUSE_DECODE = "pause_decode"
+    FINAL_DECODE = "final_decode"
+    STEP = "step"
+    GAP = "gap"
+    # llm
+    REQUEST = "request"
+    FIRST_TOKEN = "first_token"
+    TOKEN = "token"
+    GENERATE = "generate"
+    WARM_CACHE = "warm_cache"
+    CANCEL = "cancel"
+    DONE = "done"
+    # tts
+    FIRST_CHUNK = "first_chunk"
+    CHUNK = "chunk"
+    # transport
+    SEND_AUDIO = "send_audio"
+    CLEAR = "clear"
+    # client
+    PLAYOUT_START = "playout_start"
+    PLAYOUT_END = "playout_end"
+    MOUTH_TO_EAR = "mouth_to_ear"
+    # speculation
+    START = "start"
+    COMMIT = "commit"
+
 
 # Phases, Chrome-trace style.
 PH_INSTANT = "i"
