@@ -76,8 +76,8 @@ class WhisperRecognizer:
         model = WhisperModel(source, device=device, compute_type=compute_type, cpu_threads=threads)
         return cls(model, options, name=name)
 
-    def open_stream(self) -> "WhisperStream":
-        return WhisperStream(self)
+    def open_decoder(self) -> "UtteranceDecoder":
+        return UtteranceDecoder(self)
 
     def transcribe(self, audio: np.ndarray, word_timestamps: bool = False,
                    keep_going: Callable[[], bool] | None = None) -> tuple[str, tuple[Word, ...]] | None:
@@ -175,7 +175,7 @@ def _token_budget(audio: np.ndarray) -> int:
     return min(440, int(16 + 12 * audio.size / SAMPLE_RATE))
 
 
-class WhisperStream:
+class UtteranceDecoder:
     """One utterance buffer plus LocalAgreement state. Not thread-safe: one caller at a time."""
 
     def __init__(self, recognizer: WhisperRecognizer):
@@ -193,6 +193,15 @@ class WhisperStream:
     @property
     def buffered_seconds(self) -> float:
         return self._n / SAMPLE_RATE
+
+    @property
+    def decoded_samples(self) -> int:
+        """Samples of the utterance the last partial decode covered."""
+        return self._decoded_at
+
+    @property
+    def room_samples(self) -> int:
+        return self._buf.size - self._n
 
     @property
     def capacity_seconds(self) -> float:

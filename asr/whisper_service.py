@@ -40,7 +40,7 @@ from asr.moshi_protocol import EndWord, MarkerReply, ServerMessage, Step, Word
 from asr.scheduler import BufferedSession, ServiceShell
 from asr.vad import SileroVAD
 from asr.whisper import SAMPLE_RATE as WHISPER_RATE
-from asr.whisper import WhisperRecognizer, WhisperStream
+from asr.whisper import WhisperRecognizer, UtteranceDecoder
 
 IN_RATE = 24000
 STEP_IN = 1920  # 80 ms at 24 kHz: one moshi step
@@ -81,7 +81,7 @@ class _Pipeline:
     session runs one `process` call at a time. Reads of `scored`/`utt_start` happen on the event
     loop between calls."""
 
-    def __init__(self, stream: WhisperStream, vad: VadStream, cfg: WhisperServiceConfig):
+    def __init__(self, stream: UtteranceDecoder, vad: VadStream, cfg: WhisperServiceConfig):
         self.cfg, self.stream, self.vad = cfg, stream, vad
         self.rs = soxr.ResampleStream(IN_RATE, WHISPER_RATE, 1, dtype="float32", quality="HQ")
         self.unscored = np.zeros(0, np.float32)  # 16 kHz samples handed to the VAD, not yet scored
@@ -272,7 +272,7 @@ class WhisperService(ServiceShell):
         await self._wait_for_slot(lambda: len(self._sessions) < self.config.max_sessions,
                                   self.config.max_sessions, self.config.admission_wait_s)
         assert self._vad_factory is not None
-        pipe = _Pipeline(self.recognizer.open_stream(), self._vad_factory(), self.config)
+        pipe = _Pipeline(self.recognizer.open_decoder(), self._vad_factory(), self.config)
         session = WhisperSession(self, pipe)
         self._sessions.append(session)
         return session

@@ -30,7 +30,7 @@ def test_default_recognizer_wer_on_dev_set():
         name, ref = line.split("\t")
         audio, rate = sf.read(DEV / name, dtype="float32")
         assert rate == rec.sample_rate
-        stream = rec.open_stream()
+        stream = rec.open_decoder()
         partials = []
         for i in range(0, audio.size, 320):
             stream.push(audio[i:i + 320])

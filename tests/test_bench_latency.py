@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from agent.bench_latency import ScriptLine, main, match_turns, speech_end_offset
-from agent.session import TurnRecord
+from agent.records import TurnRecord
 from helpers import DEV, flite_available
 
 

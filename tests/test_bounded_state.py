@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from agent.session import AudioRing, TurnLog, TurnRecord
+from agent.records import TurnLog, TurnRecord
+from asr.ring import AudioRing
 from agent.turns import TurnMachine
 
 

@@ -39,7 +39,7 @@ def test_duplex_run_reply_wav_matches_logged_text(tmp_path):
     from transport.audio import resample
 
     rec = load_recognizer()
-    stream = rec.open_stream()
+    stream = rec.open_decoder()
     heard = []
     x = resample(audio, rate, 16000)
     for i in range(0, x.size, 16000 * 20):  # the recognizer takes at most ~28 s at once

@@ -24,7 +24,7 @@ def _clip():
 @pytest.mark.skipif(not (DEV / "transcripts.tsv").exists(), reason="shared/speech/dev is missing")
 def test_a_partial_stops_after_the_encoder_when_told_and_the_next_one_decodes(recognizer):
     audio = _clip()
-    stream = recognizer.open_stream()
+    stream = recognizer.open_decoder()
     stream.push(audio)
     calls = []
     generated = []

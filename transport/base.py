@@ -10,6 +10,8 @@ from typing import Protocol
 
 import numpy as np
 
+from transport.events import SessionEvent
+
 
 @dataclass(frozen=True)
 class AudioIn:
@@ -65,5 +67,5 @@ class Transport(Protocol):
     async def clear(self) -> None:
         """Drop every buffered, unplayed sample at the far end (barge-in)."""
 
-    async def send_event(self, event: dict) -> None:
+    async def send_event(self, event: SessionEvent) -> None:
         """UI and diagnostic events (partials, bot text, latency); ignored where meaningless."""

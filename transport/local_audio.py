@@ -33,6 +33,7 @@ import numpy as np
 
 from transport.audio import Int16RateAdapter, int16_to_float
 from transport.base import AudioIn, AudioOut, InputEvent, Played
+from transport.events import BotDone, FinalTranscript, Interrupted, SessionEvent
 from transport.playback import Playback
 
 log = logging.getLogger("duplex.local")
@@ -172,14 +173,13 @@ class LocalAudioTransport:
         with self._lock:
             self._playback.clear()
 
-    async def send_event(self, event: dict) -> None:
+    async def send_event(self, event: SessionEvent) -> None:
         """The console's view of the conversation: what was heard, and the bot's words."""
         if not self.echo_text:
             return
-        kind = event.get("type")
-        if kind == "final" and event.get("text"):
-            print(f"you: {event['text']}", flush=True)
-        elif kind == "bot_done":
-            print(f"bot: {event.get('text', '')}", flush=True)
-        elif kind == "interrupted":
-            print(f"     (interrupted; heard: {event.get('heard', '')!r})", flush=True)
+        if isinstance(event, FinalTranscript) and event.text:
+            print(f"you: {event.text}", flush=True)
+        elif isinstance(event, BotDone):
+            print(f"bot: {event.text}", flush=True)
+        elif isinstance(event, Interrupted):
+            print(f"     (interrupted; heard: {event.heard!r})", flush=True)

@@ -19,9 +19,9 @@ import soundfile as sf
 
 from transport.audio import Int16RateAdapter
 from transport.base import AudioIn, AudioOut, InputEvent, Played
+from transport.events import SessionEvent, StateChanged
 
 FRAME_S = 0.02
-BUSY_STATES = ("thinking", "bot_speaking")  # session states in which a reply is still coming
 
 
 @dataclass
@@ -177,10 +177,10 @@ class WavConversationTransport:
         self._audio_end = self._out_len
         self.events_log.append({"type": "clear", "t": self.now()})
 
-    async def send_event(self, event: dict) -> None:
-        if event.get("type") == "state":
-            self._bot_busy = event.get("state") in BUSY_STATES
-        self.events_log.append({**event, "t": self.now()})
+    async def send_event(self, event: SessionEvent) -> None:
+        if isinstance(event, StateChanged):
+            self._bot_busy = event.busy
+        self.events_log.append({**event.to_wire(), "t": self.now()})
 
     def close(self) -> None:
         """Play out what is left and close the output file (the bot's channel, aligned with the input)."""

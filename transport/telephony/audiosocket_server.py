@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from transport.audio import Int16RateAdapter
 from transport.base import AudioOut, InputEvent, ProtocolError
+from transport.events import SessionEvent
 from transport.telephony.audiosocket import (
     FRAME_S, HANGUP, AudioSocketCall, CallEnded, FrameParser, encode_audio, encode_frame)
 from transport.playback import Playback
@@ -105,7 +106,7 @@ class AudioSocketTransport:
         if self._playback is not None:
             self._playback.clear()
 
-    async def send_event(self, event: dict) -> None:
+    async def send_event(self, event: SessionEvent) -> None:
         """A phone has no screen: UI events go nowhere."""
 
     async def close(self) -> None:

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from transport.audio import Int16RateAdapter
 from transport.base import AudioOut, InputEvent, ProtocolError
+from transport.events import SessionEvent
 from transport.telephony.media_streams import CallEnded
 from transport.websocket_io import recv_or_none, send_all
 from transport.wire import BadInput
@@ -71,5 +72,5 @@ class MediaStreamTransport:
     async def clear(self) -> None:
         await send_all(self.ws, *self.call.clear())
 
-    async def send_event(self, event: dict) -> None:
+    async def send_event(self, event: SessionEvent) -> None:
         """A phone has no screen: UI events go nowhere."""

@@ -16,6 +16,7 @@ from websockets.http11 import Request, Response
 
 from transport.audio import Int16RateAdapter
 from transport.base import AudioIn, AudioOut, ClientEvent, InputEvent, Played, Transport
+from transport.events import SessionEvent
 from transport.websocket_io import recv_or_none, send_all
 from transport.web.protocol import (
     ClientAudio, ProtocolError, decode_client, encode_audio, encode_event, error_event)
@@ -77,8 +78,8 @@ class WebSocketTransport:
     async def clear(self) -> None:
         await self._send(encode_event({"type": "clear"}))
 
-    async def send_event(self, event: dict) -> None:
-        await self._send(encode_event(event))
+    async def send_event(self, event: SessionEvent) -> None:
+        await self._send(encode_event(event.to_wire()))
 
 
 def _static_response(path: str) -> Response:

@@ -1,0 +1,403 @@
+"""The listener: audio in -> resample -> VAD -> turn machine -> recognizer, emitting turn events.
+
+The recognizer stream is fed every sample of the conversation, silence included (a streaming
+model keeps its context). At the end of a turn the listener flushes the stream up to the end of
+speech and takes the words that end before it, by word time. At a pause it asks for the
+transcript so far, so the session can speculate: an early decode where the recognizer has one
+(`asr.base.Utterances`, Whisper), else a flush (a causal model pushes silence through its delay).
+The end-of-turn model is asked at the first silent frame, alone, before that transcript.
+
+Everything it learns goes to the session as one of the typed events below, in order.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.eou import as_of_pause
+from agent.trace import Ev, Stage
+from agent.turns import (
+    BargeIn, EndOfTurn, ResumeReply, SpeechPaused, SpeechResumed, SpeechStopped, StartUtterance, State, TurnConfig,
+    TurnMachine)
+from agent.workers import run_in
+from asr.base import (
+    Flushed, Gap, Partial, RecognizerFailed, RecognizerStream, StreamingRecognizer, Utterances, Word, WordEvent)
+from asr.ring import AudioRing
+from transport.audio import StreamResampler
+from transport.base import AudioIn
+from tts.chunking import ends_sentence
+
+log = logging.getLogger("duplex.listener")
+VAD_RATE = 16000
+VAD_FRAME = 512  # samples per VAD window, aligned with the stream's start
+VAD_FRAME_S = VAD_FRAME / VAD_RATE
+
+
+# ---- what the listener tells the session ------------------------------------------------------
+@dataclass(frozen=True)
+class StateChange:
+    state: State
+
+
+@dataclass(frozen=True)
+class UserStarted:
+    """The user began an utterance (not yet a turn: it may be a pause's continuation)."""
+
+
+@dataclass(frozen=True)
+class UserBargedIn:
+    """The user spoke over the bot long enough to be an interruption."""
+
+
+@dataclass(frozen=True)
+class HeardPartial:
+    text: str
+    stable: str
+
+
+@dataclass(frozen=True)
+class PauseTranscript:
+    """The transcript up to the current pause, while the user is still silent: speculate on it."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class UserResumed:
+    """The user went on speaking after a pause: a speculation on it is void."""
+
+
+@dataclass(frozen=True)
+class TurnEnded:
+    """The user's turn ended; its transcript follows (`UserTranscript`)."""
+
+    t_speech_end: float  # stream time
+    speech_end: float  # perf_counter time of the end of speech
+    endpoint: float  # perf_counter time the end of turn was decided
+
+
+@dataclass(frozen=True)
+class UserTranscript:
+    """The words of the turn that ended last; empty when it held none (noise)."""
+
+    text: str
+    words: tuple[Word, ...]
+    at: float  # perf_counter time
+
+
+@dataclass(frozen=True)
+class FalseInterruption:
+    """The barge-in held no words: speak the interrupted reply again."""
+
+
+@dataclass(frozen=True)
+class RecognizerLost:
+    message: str
+
+
+ListenerEvent = (StateChange | UserStarted | UserBargedIn | HeardPartial | PauseTranscript | UserResumed
+                 | TurnEnded | UserTranscript | FalseInterruption | RecognizerLost)
+
+
+@dataclass
+class ListenerConfig:
+    turns: TurnConfig
+    # early decodes run (and speculated on) per user turn; pauses inside a sentence use some
+    max_speculations_per_turn: int = 5
+    # audio after the end of speech given to the final decode; at most the turn machine's
+    # decode_after_s plus one VAD frame, so the early decode and the final see the same audio
+    final_pad_s: float = 0.12
+    max_words: int = 512  # recognized words not yet taken by a turn (bounded)
+
+
+class Listener:
+    def __init__(self, recognizer: StreamingRecognizer, vad, eou, config: ListenerConfig, tracer,
+                 emit: Callable[[ListenerEvent], Awaitable[None]], turn: Callable[[], int] = lambda: 0):
+        self.recognizer, self._vad, self.eou, self.config, self.tracer = recognizer, vad, eou, config, tracer
+        self._emit = emit
+        self._turn = turn  # the index of the turn being spoken, for the trace
+        self.turns = TurnMachine(config.turns)
+        self.stream: RecognizerStream | None = None
+        self._utterances: Utterances | None = None
+        self._vad_resampler: StreamResampler | None = None
+        self._asr_resampler: StreamResampler | None = None
+        self.t_audio = 0.0  # stream time: seconds of audio received
+        self._wall_at_t = time.perf_counter()
+        self._recent = AudioRing(int(8 * VAD_RATE))  # the end-of-turn model looks at <= 8 s
+        self._utt_t0 = 0.0  # stream time where the current utterance starts (preroll included)
+        self._words: deque[Word] = deque(maxlen=config.max_words)
+        self._flushes_sent = 0
+        self._flushes_seen = 0
+        self._flush_seen = asyncio.Event()
+        self._flush_lock = asyncio.Lock()
+        self._pause_decodes = 0
+        self._early: tuple[float, float] | None = None  # last early transcript: (speech end, until)
+        self._early_text: tuple[float, str] | None = None  # (speech end, text)
+        self._early_task: asyncio.Task | None = None
+        self._final_task: asyncio.Task | None = None
+        self._eou_task: asyncio.Task | None = None
+        self._eou_asked: float | None = None
+        self._events_task: asyncio.Task | None = None
+        self._last_state = self.turns.state
+        self._closing = False
+
+    @property
+    def state(self) -> State:
+        return self.turns.state
+
+    def wall_of(self, t_stream: float) -> float:
+        """perf_counter time at which stream time `t_stream` arrived (audio comes in real time)."""
+        return self._wall_at_t - (self.t_audio - t_stream)
+
+    # ---- lifetime ---------------------------------------------------------------------------
+    async def open(self) -> None:
+        """Open the recognizer stream (raises asr.base.RecognizerUnavailable when it has no room)."""
+        self.stream = await self.recognizer.open_stream()
+        self._utterances = self.stream if isinstance(self.stream, Utterances) else None
+        self._events_task = asyncio.create_task(self._read_events(), name="asr-events")
+
+    async def close(self) -> None:
+        self._closing = True
+        tasks = [t for t in (self._early_task, self._final_task, self._eou_task) if t is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self.stream is not None:
+            with contextlib.suppress(Exception):
+                await self.stream.close()
+        if self._events_task is not None:
+            self._events_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._events_task
+
+    # ---- the reply's progress, from the session --------------------------------------------------
+    async def bot_initiated(self) -> bool:
+        ok = self.turns.on_bot_initiated(time.perf_counter())
+        await self._state_changed()
+        return ok
+
+    async def reply_started(self) -> None:
+        self.turns.on_reply_started(time.perf_counter())
+        await self._state_changed()
+
+    async def reply_finished(self) -> None:
+        self.turns.on_reply_finished(time.perf_counter())
+        await self._state_changed()
+
+    # ---- audio ------------------------------------------------------------------------------------
+    async def on_audio(self, ev: AudioIn) -> None:
+        if self._vad_resampler is None or self._vad_resampler.in_rate != ev.sample_rate:
+            self._vad_resampler = StreamResampler(ev.sample_rate, VAD_RATE)
+        x = self._vad_resampler(ev.pcm)
+        if x.size == 0:
+            return
+        self.t_audio += x.size / VAD_RATE
+        self._wall_at_t = time.perf_counter()
+        self._recent.push(x)
+        await self._feed_recognizer(ev, x)
+        probs = await run_in("vad", self._vad, x)
+        levels = self._recent.window_levels(len(probs), VAD_FRAME)
+        t_first = self.t_audio - x.size / VAD_RATE
+        commands = []
+        for i, p in enumerate(probs):
+            # frames complete at roughly the end of this chunk; spread them back over it
+            t = max(t_first, self.t_audio - (len(probs) - 1 - i) * VAD_FRAME_S)
+            commands += self.turns.on_vad(t, p, VAD_FRAME_S, levels[i] if i < len(levels) else None)
+        await self._run_commands(commands)
+        await self._state_changed()
+
+    async def _feed_recognizer(self, ev: AudioIn, x16: np.ndarray) -> None:
+        rate = self.stream.sample_rate
+        if rate == VAD_RATE:
+            pcm = x16
+        else:
+            if self._asr_resampler is None or self._asr_resampler.in_rate != ev.sample_rate:
+                self._asr_resampler = StreamResampler(ev.sample_rate, rate)
+            pcm = self._asr_resampler(ev.pcm)
+        if pcm.size:
+            await self.stream.feed(pcm)
+
+    # ---- turn machine commands ------------------------------------------------------------------
+    async def _run_commands(self, commands) -> None:
+        for cmd in commands:
+            await self._on_command(cmd)
+
+    async def _on_command(self, cmd) -> None:
+        if isinstance(cmd, BargeIn):
+            await self._emit(UserBargedIn())
+        elif isinstance(cmd, StartUtterance):
+            self._pause_decodes = 0
+            self._early = self._early_text = None
+            speech_so_far = self.t_audio - cmd.t_start
+            self._utt_t0 = max(0.0, self.t_audio - speech_so_far - self.config.turns.preroll_s)
+            while self._words and self._words[0].end <= self._utt_t0:
+                self._words.popleft()  # words before the utterance (noise the bot talked over)
+            if self._utterances is not None:
+                self._utterances.begin_utterance(self._utt_t0)
+            await self._emit(UserStarted())
+        elif isinstance(cmd, SpeechStopped):
+            if self._utterances is not None:
+                self._utterances.speaking(False)
+            until = min(cmd.t_speech_end + self.config.final_pad_s, self.t_audio)
+            self._early = (cmd.t_speech_end, until)
+            previous = self._early_task
+            self._early_task = asyncio.create_task(self._early_transcript(cmd.t_speech_end, until, previous),
+                                                   name="asr-early")
+        elif isinstance(cmd, SpeechPaused):
+            self.tracer.instant(Stage.TURN, Ev.PAUSE, turn=self._turn())
+            self._start_eou_check(cmd.t_speech_end)  # unless asked already in this silence
+            if self._early_text is not None and self._early_text[0] == cmd.t_speech_end:
+                await self._on_pause_transcript(self._early_text[1])  # decoded before the pause
+        elif isinstance(cmd, SpeechResumed):
+            if self._utterances is not None:
+                self._utterances.speaking(True)
+            await self._emit(UserResumed())
+        elif isinstance(cmd, EndOfTurn):
+            now = time.perf_counter()
+            t_end = cmd.t_speech_end
+            early = self._early
+            until = early[1] if early is not None and early[0] == t_end else min(
+                t_end + self.config.final_pad_s, self.t_audio)
+            await self._emit(TurnEnded(t_end, self.wall_of(t_end), now))
+            previous = self._final_task
+            self._final_task = asyncio.create_task(self._final_transcript(until, previous), name="asr-final")
+        elif isinstance(cmd, ResumeReply):
+            while self._words and self._words[0].end <= self.t_audio:
+                self._words.popleft()  # the noise that interrupted holds no words worth keeping
+            await self._emit(FalseInterruption())
+
+    async def _state_changed(self) -> None:
+        if self.turns.state != self._last_state:
+            self._last_state = self.turns.state
+            await self._emit(StateChange(self.turns.state))
+
+    # ---- transcripts ------------------------------------------------------------------------------
+    def _still_silent_since(self, t_speech_end: float) -> bool:
+        """The user has said nothing since the silence that began at `t_speech_end` (the one the
+        last early transcript was asked for)."""
+        return not self.turns.in_speech and self._early is not None and self._early[0] == t_speech_end
+
+    async def _early_transcript(self, t_end: float, until: float, previous: asyncio.Task | None) -> None:
+        if previous is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await previous
+        # skip it when the user is speaking again or a later silence superseded this one (their
+        # next silence asks anew), or when this turn's early transcripts are spent
+        if not self._still_silent_since(t_end) or self._pause_decodes >= self.config.max_speculations_per_turn:
+            return
+        self._pause_decodes += 1
+        # the turn model first, alone (~35 ms): beside the decode or the LLM's prompt it would
+        # take the cores they need. Its verdict waits in the turn machine for the pause.
+        eou = self._start_eou_check(t_end)
+        if eou is not None:
+            await asyncio.wait([eou])
+            if not self._still_silent_since(t_end):
+                return  # the user went on meanwhile: their next silence decodes
+        with self.tracer.span(Stage.ASR, Ev.PAUSE_DECODE, turn=self._turn()):
+            text, _ = await self._transcript_until(until, take=False)
+        self._early_text = (t_end, text)
+        if self._still_silent_since(t_end):
+            self._start_eou_check(t_end)  # if the model was busy with an earlier silence
+            await self._on_pause_transcript(text)
+
+    async def _on_pause_transcript(self, text: str) -> None:
+        """Speculate on the transcript (the session decides whether) and let the turn machine
+        judge whether it ends a sentence. Only while the user is silent and the turn not taken."""
+        if (self.turns.in_speech or self.turns.state not in (State.USER_SPEAKING, State.ENDPOINT_PENDING)
+                or not any(ch.isalnum() for ch in text)):
+            return
+        await self._emit(PauseTranscript(text))
+        await self._run_commands(self.turns.on_transcript(self.t_audio, ends_sentence(text)))
+
+    async def _final_transcript(self, until: float, previous: asyncio.Task | None) -> None:
+        if previous is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await previous
+        with self.tracer.span(Stage.ASR, Ev.FINAL_DECODE, turn=self._turn()):
+            text, words = await self._transcript_until(until, take=True)
+        n_words = len(text.split()) if any(ch.isalnum() for ch in text) else 0
+        commands = self.turns.on_final(time.perf_counter(), n_words)
+        await self._emit(UserTranscript(text if n_words else "", words if n_words else (), time.perf_counter()))
+        await self._run_commands(commands)  # maybe ResumeReply
+        await self._state_changed()
+
+    async def _transcript_until(self, until: float, take: bool) -> tuple[str, tuple[Word, ...]]:
+        """The words ending by stream time `until`: an early decode (not taken), or a flush of
+        the stream; `take`: they belong to the turn that ended and leave the buffer."""
+        if not take and self._utterances is not None:
+            hyp = await self._utterances.decode_early(until)
+            return hyp.text, hyp.words
+        async with self._flush_lock:
+            self._flushes_sent += 1
+            target = self._flushes_sent
+            await self.stream.flush(until)
+            while self._flushes_seen < target:
+                self._flush_seen.clear()
+                await self._flush_seen.wait()
+        eps = 0.05  # a word's end time is rounded to the model's frame
+        words = tuple(w for w in self._words if w.end <= until + eps)
+        if take:
+            kept = [w for w in self._words if w.end > until + eps]
+            self._words.clear()
+            self._words.extend(kept)
+        return " ".join(w.text for w in words).strip(), words
+
+    async def _read_events(self) -> None:
+        try:
+            async for ev in self.stream.events():
+                if isinstance(ev, WordEvent):
+                    self._words.append(ev.word)
+                elif isinstance(ev, Flushed):
+                    self._flushes_seen += 1
+                    self._flush_seen.set()
+                elif isinstance(ev, Partial):
+                    self.tracer.instant(Stage.ASR, Ev.PARTIAL, turn=self._turn(), text=ev.text)
+                    await self._emit(HeardPartial(ev.text, ev.stable_text))
+                    await self._run_commands(self.turns.on_words(self.t_audio, len(ev.text.split())))
+                    await self._state_changed()
+                elif isinstance(ev, Gap):
+                    log.warning("recognizer gap %.2f-%.2f s: %s", ev.start_s, ev.end_s, ev.reason)
+                    self.tracer.instant(Stage.ASR, Ev.GAP, turn=self._turn(), start_s=ev.start_s, end_s=ev.end_s,
+                                        reason=ev.reason)
+        except RecognizerFailed as e:
+            if not self._closing:
+                await self._emit(RecognizerLost(str(e)))
+            return
+        if not self._closing:
+            await self._emit(RecognizerLost("the recognizer stream ended"))
+
+    # ---- end-of-turn model ----------------------------------------------------------------------
+    def _start_eou_check(self, t_speech_end: float) -> asyncio.Task | None:
+        """Ask the end-of-turn model about the utterance up to this silence (once per silence)."""
+        eou = self.eou
+        if eou is None or not self.config.turns.use_eou or self._eou_asked == t_speech_end:
+            return None
+        if self._eou_task is not None and not self._eou_task.done():
+            return None
+        self._eou_asked = t_speech_end
+        # the verdict counts once the pause is confirmed: ask about the audio as it will be then
+        # (the pause is Silero's silence; a quiet frame before it is still part of the audio).
+        # Up to the last VAD frame, so that the silence after the speech is the same whatever
+        # the transport's chunking (smart-turn's verdict can flip with 32 ms more of it).
+        audio = as_of_pause(self._recent.last_whole(self._recent.capacity, VAD_FRAME), self.turns.vad_silence_s,
+                            self.config.turns.pause_s)
+
+        async def check() -> None:
+            t0 = time.perf_counter()
+            p = await run_in("eou", eou.probability, audio)
+            self.tracer.complete(Stage.TURN, Ev.EOU_CHECK, ts_ns=int(t0 * 1e9),
+                                 dur_ns=int((time.perf_counter() - t0) * 1e9), turn=self._turn(), probability=round(p, 3))
+            await self._run_commands(self.turns.on_eou(self.t_audio, p, t_speech_end))
+            await self._state_changed()
+
+        self._eou_task = asyncio.create_task(check(), name="eou")
+        return self._eou_task

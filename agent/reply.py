@@ -1,0 +1,286 @@
+"""The reply pipeline: LLM -> text chunker -> TTS -> paced playout, for one answer.
+
+Stages run concurrently (`mode="concurrent"`): LLM tokens go to the voice at clause boundaries
+while the LLM still generates, and audio goes out while later clauses are synthesized. With
+`mode="waterfall"` the same stages run strictly one after another (for latency comparisons).
+A reply is one task, its cancellation scope: cancelling it stops the LLM within a token and the
+voice within a chunk. A speculative reply runs behind a gate: its audio is held until the turn
+it guessed is confirmed. Every queue is bounded.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from agent.history import Heard
+from agent.records import TurnRecord
+from agent.trace import Ev, Stage
+from llm.base import ChatModel, Message
+from transport.base import AudioOut, Transport
+from transport.events import BotText, SessionEvent
+from tts.base import AudioChunk, Synthesizer
+from tts.chunking import TextChunker
+
+log = logging.getLogger("duplex.reply")
+
+
+@dataclass
+class ReplyConfig:
+    mode: str = "concurrent"  # "concurrent" | "waterfall"
+    max_tokens: int = 80
+    # words of the answer's first TTS chunk (see tts/chunking.py): each word waited for costs
+    # one LLM token (~17 ms on this CPU) before the first audio
+    first_chunk_words: int = 2
+    playout_lead_s: float = 0.4  # audio sent ahead of real time; bounds the far end's buffer
+    piece_s: float = 0.1  # size of each audio message
+    text_queue: int = 8  # LLM -> TTS chunks in flight
+
+
+class ReplyHooks(Protocol):
+    """What a reply tells the conversation around it."""
+
+    async def send(self, event: SessionEvent) -> None: ...
+
+    async def reply_audible(self, reply: "Reply") -> None:
+        """The reply's first audio is going out."""
+
+    async def reply_finished(self, reply: "Reply") -> None:
+        """The reply was played to its end (or, a speculative one, committed and played)."""
+
+    async def reply_failed(self, reply: "Reply", error: BaseException) -> None:
+        """A model failed mid-reply (an LLM server gone, a voice that raises)."""
+
+
+class Playout:
+    """Sends reply audio in small pieces, at most `lead_s` ahead of real time, and records in
+    `heard` which text each piece speaks, so the words the user actually heard are known."""
+
+    def __init__(self, transport: Transport, lead_s: float, piece_s: float, new_id: Callable[[], int]):
+        self.transport, self.lead_s, self.piece_s = transport, lead_s, piece_s
+        self._new_id = new_id  # chunk ids are unique for the whole session
+        self.t0: float | None = None
+        self.sent_s = 0.0
+        self.heard = Heard()
+
+    async def play(self, chunk: AudioChunk) -> None:
+        first = True
+        for pcm, text in split_chunk(chunk, self.piece_s):
+            if self.t0 is None:
+                self.t0 = time.perf_counter()
+            ahead = self.sent_s - (time.perf_counter() - self.t0)
+            if ahead > self.lead_s:
+                await asyncio.sleep(ahead - self.lead_s)
+            cid = self._new_id()
+            self.heard.sent(cid, self.sent_s, text, clause=chunk.text if first else None)
+            first = False
+            await self.transport.send_audio(AudioOut(pcm, chunk.sample_rate, cid, text))
+            self.sent_s += pcm.size / chunk.sample_rate
+
+    async def wait_played(self) -> None:
+        if self.t0 is not None:
+            remaining = self.t0 + self.sent_s - time.perf_counter()
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+
+    def played(self) -> set[int]:
+        """The pieces the far end started playing (its marks), else those whose time came."""
+        if self.transport.reports_playout:
+            return self.heard.played_ids
+        return self.heard.played_by_time(time.perf_counter() - self.t0 if self.t0 is not None else 0.0)
+
+    def heard_text(self) -> str:
+        return self.heard.text(self.played())
+
+
+def split_chunk(chunk: AudioChunk, piece_s: float) -> list[tuple[np.ndarray, str]]:
+    """Cut a chunk into pieces of about `piece_s`, sharing its words out in proportion to time."""
+    step = max(1, int(piece_s * chunk.sample_rate))
+    n = max(1, -(-chunk.pcm.size // step))
+    words = chunk.text.split()
+    out = []
+    for i in range(n):
+        w0, w1 = (i * len(words)) // n, ((i + 1) * len(words)) // n
+        out.append((chunk.pcm[i * step:(i + 1) * step], " ".join(words[w0:w1])))
+    return out
+
+
+class Reply:
+    """One answer to `messages` (or `fixed_text`, spoken as is), filling in `record`."""
+
+    def __init__(self, record: TurnRecord, messages: list[Message], *, llm: ChatModel, tts: Synthesizer,
+                 transport: Transport, config: ReplyConfig, tracer, new_chunk_id: Callable[[], int],
+                 hooks: ReplyHooks, speculative: bool = False, fixed_text: str | None = None,
+                 spoken_prefix: str = ""):
+        self.record, self.messages = record, messages
+        self.llm, self.tts, self.config, self.tracer, self.hooks = llm, tts, config, tracer, hooks
+        self.fixed_text, self.spoken_prefix = fixed_text, spoken_prefix
+        self.playout = Playout(transport, config.playout_lead_s, config.piece_s, new_chunk_id)
+        self.gate = asyncio.Event()  # audio is held until it opens (a speculation's commit)
+        if not speculative:
+            self.gate.set()
+        self.audible = False  # its first audio went out
+        self.spoken = ""  # what was said to the end: the spoken prefix, then the reply's text
+        self.task: asyncio.Task | None = None
+
+    @property
+    def committed(self) -> bool:
+        return self.gate.is_set()
+
+    def start(self) -> "Reply":
+        self.task = asyncio.create_task(self._run(), name=f"reply-{self.record.index}")
+        return self
+
+    def commit(self) -> None:
+        self.gate.set()
+
+    async def cancel(self) -> None:
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def tts_seconds(self) -> float:
+        return self.record.tts_samples
+
+    async def _run(self) -> None:
+        try:
+            await self._stages()
+        except Exception as e:  # noqa: BLE001 - reported to the client, the session survives
+            while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
+                e = e.exceptions[0]  # the TaskGroup's one failing stage
+            log.warning("turn %d: reply failed: %s", self.record.index, e)
+            self.tracer.instant(Stage.TURN, Ev.REPLY_ERROR, turn=self.record.index, error=str(e)[:200])
+            if not self.committed:
+                return  # an uncommitted speculation: the turn's end starts a fresh reply
+            self.record.reply_text = "".join(self.record.tokens).strip()
+            await self.hooks.reply_failed(self, e)
+
+    async def _stages(self) -> None:
+        rec, cfg, tr = self.record, self.config, self.tracer
+        text_q: asyncio.Queue = asyncio.Queue(maxsize=cfg.text_queue)
+        tr.instant(Stage.LLM, Ev.REQUEST, turn=rec.index, flow=rec.index + 1)
+        tokens = rec.tokens
+        waterfall = cfg.mode == "waterfall"
+        held: list[str] = []  # waterfall: the whole answer is kept until the LLM is done
+        # First audio first: once the first piece of text is out, the LLM waits until the voice
+        # has turned it into audio. On a CPU the two would share the cores and both run at half
+        # speed (Piper: ~38 ms alone, 60-95 ms beside the LLM) while the first chunk is the only
+        # thing the user waits for; later tokens have the first chunk's playout to arrive in.
+        first_piece_done = asyncio.Event()
+
+        async def emit(piece: str) -> None:
+            if waterfall:
+                held.append(piece)
+            else:
+                await text_q.put(piece)
+                await first_piece_done.wait()
+
+        async def token_source() -> AsyncIterator[str]:
+            if self.fixed_text is not None:
+                for word in self.fixed_text.split(" "):
+                    yield word + " "
+                return
+            async with contextlib.aclosing(self.llm.stream(self.messages, cfg.max_tokens)) as toks:
+                async for tok in toks:
+                    yield tok
+
+        async def think() -> None:
+            chunker = TextChunker(first_max_words=cfg.first_chunk_words)
+            span = tr.begin(Stage.LLM, Ev.GENERATE, turn=rec.index, model=getattr(self.llm, "name", "llm"))
+            try:
+                async with contextlib.aclosing(token_source()) as toks:
+                    async for tok in toks:
+                        if not tokens:
+                            rec.llm_first_token = time.perf_counter()
+                            tr.instant(Stage.LLM, Ev.FIRST_TOKEN, turn=rec.index)
+                        tokens.append(tok)
+                        tr.instant(Stage.LLM, Ev.TOKEN, turn=rec.index, text=tok)
+                        if self.committed:
+                            await self.hooks.send(BotText(rec.index, tok))
+                        for piece in chunker.push(tok):
+                            await emit(piece)
+            except asyncio.CancelledError:
+                tr.instant(Stage.LLM, Ev.CANCEL, turn=rec.index)
+                raise
+            finally:
+                tr.end(span, tokens=len(tokens))
+            for piece in chunker.flush():
+                await emit(piece)
+            tr.instant(Stage.LLM, Ev.DONE, turn=rec.index)
+            if not waterfall:
+                await text_q.put(None)
+
+        async def texts() -> AsyncIterator[str]:
+            if waterfall:
+                for piece in held:
+                    tr.instant(Stage.TTS, Ev.REQUEST, turn=rec.index, text=piece, flow=rec.index + 1)
+                    yield piece
+                return
+            while (piece := await text_q.get()) is not None:
+                tr.instant(Stage.TTS, Ev.REQUEST, turn=rec.index, text=piece, flow=rec.index + 1)
+                yield piece
+                first_piece_done.set()  # back for more: that piece is done (spoken, or had no words)
+
+        async def speak() -> None:
+            audio: list[AudioChunk] = []
+            try:
+                async with contextlib.aclosing(self.tts.stream(texts())) as chunks:
+                    async for chunk in chunks:
+                        if not rec.tts_first_chunk:
+                            rec.tts_first_chunk = time.perf_counter()
+                            first_piece_done.set()
+                            tr.instant(Stage.TTS, Ev.FIRST_CHUNK, turn=rec.index)
+                        rec.tts_samples += chunk.pcm.size / chunk.sample_rate
+                        tr.instant(Stage.TTS, Ev.CHUNK, turn=rec.index, samples=int(chunk.pcm.size),
+                                   sample_rate=chunk.sample_rate, text=chunk.text)
+                        if waterfall:
+                            audio.append(chunk)  # all speech first, then play
+                        else:
+                            await self._play(chunk)
+            except asyncio.CancelledError:
+                tr.instant(Stage.TTS, Ev.CANCEL, turn=rec.index)
+                raise
+            finally:
+                first_piece_done.set()
+            tr.instant(Stage.TTS, Ev.DONE, turn=rec.index)
+            for chunk in audio:
+                await self._play(chunk)
+
+        if waterfall:
+            await think()
+            await speak()
+        else:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(think())
+                tg.create_task(speak())
+        await self.gate.wait()  # a speculative reply with no audio still waits to be committed
+        rec.reply_text = "".join(tokens).strip()
+        await self.playout.wait_played()
+        self.spoken = (self.spoken_prefix + " " + rec.reply_text).strip()  # a resumed reply follows what was heard
+        rec.heard_text = self.spoken
+        tr.instant(Stage.TURN, Ev.TURN_END, turn=rec.index)
+        await self.hooks.reply_finished(self)
+
+    async def _play(self, chunk: AudioChunk) -> None:
+        rec = self.record
+        if not self.committed:
+            await self.gate.wait()  # speculation: synthesized, but held until the turn is confirmed
+            await self.hooks.send(BotText(rec.index, "".join(rec.tokens)))
+        if not self.audible:
+            self.audible = True
+            rec.first_audio_out = time.perf_counter()
+            self.tracer.instant(Stage.TRANSPORT, Ev.SEND_AUDIO, turn=rec.index, flow=rec.index + 1)
+            await self.hooks.reply_audible(self)
+        await self.playout.play(chunk)

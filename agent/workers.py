@@ -1,0 +1,23 @@
+"""Bounded thread pools for the conversation's model work, one per kind, shared by every session
+of the process. Never asyncio's default executor: there one abandoned call can starve every
+later `to_thread` of every session."""
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+_POOLS: dict[str, ThreadPoolExecutor] = {}
+_SIZES = {"vad": 1, "eou": 1, "llm-warm": 1}  # small models: queueing beats sharing 2 cores
+
+
+def pool(kind: str) -> ThreadPoolExecutor:
+    if kind not in _POOLS:
+        size = min(_SIZES.get(kind, 1), os.cpu_count() or 1)
+        _POOLS[kind] = ThreadPoolExecutor(size, thread_name_prefix=f"duplex-{kind}")
+    return _POOLS[kind]
+
+
+async def run_in(kind: str, fn, *args):
+    """Run blocking `fn(*args)` on the pool for `kind`, from the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(pool(kind), fn, *args)
