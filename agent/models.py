@@ -16,7 +16,7 @@ from dataclasses import dataclass
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
-from agent.session import Models
+from agent.config import Models
 
 log = logging.getLogger("duplex.models")
 

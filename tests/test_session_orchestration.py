@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-import pytest
 
 from agent.session import Models, Session, SessionConfig
 from agent.trace import Ev, Stage, Tracer

@@ -1,0 +1,51 @@
+"""What a conversation is made of: its models and its settings."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from agent.listener import ListenerConfig
+from agent.reply import ReplyConfig
+from agent.turns import TurnConfig
+from asr.base import StreamingRecognizer
+from llm.base import ChatModel
+from tts.base import Synthesizer
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a friendly voice assistant. Reply in one or two short, plain English sentences.")
+
+
+@dataclass
+class SessionConfig:
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    mode: str = "concurrent"  # "concurrent" | "waterfall"
+    turns: TurnConfig = field(default_factory=TurnConfig)
+    # context kept for the LLM; when it overflows, it is cut back to half in one go
+    max_history_messages: int = 16
+    max_tokens: int = 80
+    first_chunk_words: int = 2
+    playout_lead_s: float = 0.4
+    piece_s: float = 0.1
+    text_queue: int = 8
+    speculate: bool = True  # start ASR final + LLM + TTS at a pause, before the turn is confirmed
+    # spoken when the far end's audio first arrives (a phone line or the page's microphone is
+    # live); the context keeps it as the assistant's first message (what was heard of it)
+    greeting: str | None = None
+    max_speculations_per_turn: int = 5
+    final_pad_s: float = 0.12
+
+    def reply(self) -> ReplyConfig:
+        return ReplyConfig(self.mode, self.max_tokens, self.first_chunk_words, self.playout_lead_s, self.piece_s,
+                           self.text_queue)
+
+    def listener(self) -> ListenerConfig:
+        return ListenerConfig(self.turns, self.max_speculations_per_turn, self.final_pad_s)
+
+
+@dataclass
+class Models:
+    asr: StreamingRecognizer
+    llm: ChatModel
+    tts: Synthesizer
+    vad_factory: Callable[[], object]  # -> a callable scoring 16 kHz audio into 32 ms frame probs
+    eou: object | None = None  # end-of-turn model: .probability(float32 16 kHz audio) -> float

@@ -1,0 +1,128 @@
+"""The conversation's replies: at most one speaking and one speculative branch held at its gate.
+
+Commit a branch whose guess was right, cancel one that was wrong, cut the reply on a barge-in
+(keeping what was heard of it), and resume it after a false interruption. Speculation is not
+free, so what it wastes is counted.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from agent.history import History, Resumable, cut_reply
+from agent.records import TurnLog, TurnRecord
+from agent.reply import Reply
+from agent.speculation import SpeculationStats, same_transcript
+from agent.trace import Ev, Stage
+from transport.base import Transport
+
+
+class Replies:
+    def __init__(self, new_reply: Callable[..., Reply], history: History, records: TurnLog, transport: Transport,
+                 tracer):
+        self._new_reply, self.history, self.records = new_reply, history, records
+        self.transport, self.tracer = transport, tracer
+        self.current: Reply | None = None  # the reply being spoken (or thought of)
+        self.branch: Reply | None = None  # a speculative reply, held at its gate
+        self._branch_text = ""
+        self._resumable: Resumable | None = None
+        self.stats = SpeculationStats()
+
+    def start(self, rec: TurnRecord, user_text: str | None, **kw) -> Reply:
+        self.current = self._new_reply(rec, user_text, **kw).start()
+        return self.current
+
+    def finished(self, reply: Reply) -> None:
+        if self.current is reply:
+            self.current = None
+
+    # ---- speculation --------------------------------------------------------------------------
+    def speculate(self, transcript: str) -> None:
+        if self.branch is not None:
+            return
+        rec = TurnRecord(index=len(self.records), user_text=transcript)
+        self.branch = self._new_reply(rec, transcript, speculative=True).start()
+        self._branch_text = transcript
+        self.stats.started += 1
+        self.tracer.instant(Stage.SPECULATION, Ev.START, turn=rec.index, text=transcript, flow=rec.index + 1)
+
+    async def cancel_branch(self, why: str) -> None:
+        branch, self.branch = self.branch, None
+        if branch is None:
+            return
+        self.stats.cancelled += 1
+        self.tracer.instant(Stage.SPECULATION, Ev.CANCEL, turn=branch.record.index, reason=why)
+        await branch.cancel()
+        self.stats.wasted_tokens += len(branch.record.tokens)
+        self.stats.wasted_tts_s += branch.tts_seconds()
+
+    async def answer(self, rec: TurnRecord, start_new: bool) -> None:
+        """The turn `rec` has its transcript: commit the branch that guessed it, or (when
+        `start_new`: the turn is still the bot's to answer) start a fresh reply."""
+        if not rec.user_text:
+            await self.cancel_branch("empty transcript")
+            return  # the listener resumes an interrupted reply, or listens again
+        self._resumable = None  # the user really spoke: the interrupted reply is gone
+        branch = self.branch
+        if branch is not None and same_transcript(self._branch_text, rec.user_text) and branch.running:
+            self.branch = None
+            self.stats.committed += 1
+            self.tracer.instant(Stage.SPECULATION, Ev.COMMIT, turn=rec.index, flow=rec.index + 1)
+            b = branch.record
+            b.index, b.speech_end, b.endpoint, b.asr_final, b.user_text = (
+                rec.index, rec.speech_end, rec.endpoint, rec.asr_final, rec.user_text)
+            b.speculative = True
+            self.records[rec.index] = b
+            self.current = branch
+            branch.commit()
+            return
+        await self.cancel_branch("transcript changed" if branch else "")
+        if start_new:
+            if self.current is not None:
+                await self.current.cancel()
+            self.start(rec, rec.user_text)
+
+    # ---- cut and resume ------------------------------------------------------------------------
+    async def barge_in(self) -> str:
+        """Stop everything the user would hear; returns what they heard of the cut reply."""
+        reply, self.current = self.current, None
+        await self.cancel_branch("barge-in")
+        if reply is not None:
+            await reply.cancel()
+        await self.transport.clear()
+        self.tracer.instant(Stage.TRANSPORT, Ev.CLEAR, turn=len(self.records) - 1)
+        if reply is None:
+            return ""
+        self._keep_cut(reply, "barge-in")
+        rec = reply.record
+        self._resumable = cut_reply(rec.index, rec.user_text, rec.reply_text, reply.playout.heard,
+                                    reply.playout.played())
+        return rec.heard_text
+
+    def resume(self) -> bool:
+        """False interruption: speak the cut reply again from its cut clause; False if none."""
+        cut, self._resumable = self._resumable, None
+        if cut is None:
+            return False
+        self.tracer.instant(Stage.TURN, Ev.RESUME, turn=cut.turn, text=cut.rest)
+        self.history.forget_cut(cut)
+        self.start(TurnRecord(index=cut.turn, user_text=cut.user_text), cut.user_text, fixed_text=cut.rest,
+                   spoken_prefix=cut.heard_before_clause)
+        return True
+
+    async def end_with_session(self, why: str) -> None:
+        """The far end hung up (or the input ended) while a reply was on its way: the turn keeps
+        the user's words and what was heard of the reply, as after a barge-in."""
+        await self.cancel_branch(why)
+        reply, self.current = self.current, None
+        if reply is None or not reply.running:
+            return
+        await reply.cancel()
+        self._keep_cut(reply, why)
+
+    def _keep_cut(self, reply: Reply, why: str) -> None:
+        rec = reply.record
+        rec.interrupted = True
+        rec.reply_text = "".join(rec.tokens).strip()
+        rec.heard_text = reply.playout.heard_text()
+        self.tracer.instant(Stage.TURN, Ev.INTERRUPTED, turn=rec.index, heard=rec.heard_text, why=why)
+        self.history.remember(rec.user_text, rec.heard_text)
