@@ -141,6 +141,7 @@ class Listener:
         self._early: tuple[float, float] | None = None  # last early transcript: (speech end, until)
         self._early_text: tuple[float, str] | None = None  # (speech end, text)
         self._early_task: asyncio.Task | None = None
+        self._offered: float | None = None  # the silence whose transcript was offered to speculate on
         self._final_task: asyncio.Task | None = None
         self._eou_task: asyncio.Task | None = None
         self._eou_asked: float | None = None
@@ -256,7 +257,7 @@ class Listener:
             self.tracer.instant(Stage.TURN, Ev.PAUSE, turn=self._turn())
             self._start_eou_check(cmd.t_speech_end)  # unless asked already in this silence
             if self._early_text is not None and self._early_text[0] == cmd.t_speech_end:
-                await self._on_pause_transcript(self._early_text[1])  # decoded before the pause
+                await self._on_pause_transcript(*self._early_text)  # decoded before the pause
         elif isinstance(cmd, SpeechResumed):
             if self._utterances is not None:
                 self._utterances.speaking(True)
@@ -307,15 +308,17 @@ class Listener:
         self._early_text = (t_end, text)
         if self._still_silent_since(t_end):
             self._start_eou_check(t_end)  # if the model was busy with an earlier silence
-            await self._on_pause_transcript(text)
+            await self._on_pause_transcript(t_end, text)
 
-    async def _on_pause_transcript(self, text: str) -> None:
+    async def _on_pause_transcript(self, t_end: float, text: str) -> None:
         """Speculate on the transcript (the session decides whether) and let the turn machine
         judge whether it ends a sentence. Only while the user is silent and the turn not taken."""
         if (self.turns.in_speech or self.turns.state not in (State.USER_SPEAKING, State.ENDPOINT_PENDING)
                 or not any(ch.isalnum() for ch in text)):
             return
-        await self._emit(PauseTranscript(text))
+        if self._offered != t_end:  # once per silence (before the pause, or at it)
+            self._offered = t_end
+            await self._emit(PauseTranscript(text))
         await self._run_commands(self.turns.on_transcript(self.t_audio, ends_sentence(text)))
 
     async def _final_transcript(self, until: float, previous: asyncio.Task | None) -> None:

@@ -99,6 +99,16 @@ def wait_until(condition, timeout: float, every: float = 0.05) -> bool:
     return bool(met)
 
 
+async def await_until(condition, timeout: float, every: float = 0.01) -> bool:
+    """`wait_until` for a test on the event loop: polls without blocking it."""
+    import asyncio
+
+    deadline = time.time() + timeout
+    while not (met := condition()) and time.time() < deadline:
+        await asyncio.sleep(every)
+    return bool(met)
+
+
 def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:

@@ -1,0 +1,84 @@
+"""The listener alone, on test doubles: audio in as fast as it comes, turn events out."""
+from __future__ import annotations
+
+import numpy as np
+
+from agent import listener as L
+from agent.trace import NullTracer
+from agent.turns import TurnConfig
+from doubles import EnergyVAD, ScriptedRecognizer, burst
+from transport.base import AudioIn
+
+RATE = 16000
+
+
+async def listen(script: list[str], audio: np.ndarray, **turns) -> tuple[list, L.Listener, ScriptedRecognizer]:
+    cfg = TurnConfig(use_eou=False, **turns)
+    out: list = []
+
+    async def emit(ev):
+        out.append(ev)
+
+    asr = ScriptedRecognizer(script)
+    listener = L.Listener(asr, EnergyVAD(), None, L.ListenerConfig(cfg), NullTracer(), emit)
+    await listener.open()
+    for k in range(0, audio.size, 320):
+        await listener.on_audio(AudioIn(audio[k:k + 320], RATE))
+        if any(isinstance(e, L.TurnEnded) for e in out):
+            await L.asyncio.sleep(0)  # let the final's task run between frames, as in real time
+    for t in [listener._final_task, listener._early_task]:
+        if t is not None:
+            await t
+    return out, listener, asr
+
+
+def gap(s: float) -> np.ndarray:
+    return np.zeros(int(s * RATE), np.float32)
+
+
+async def test_a_turn_takes_the_words_that_end_before_its_end_of_speech():
+    audio = np.concatenate([gap(0.3), burst(0.8), gap(1.0)])
+    out, listener, asr = await listen(["what is the capital of France"], audio)
+    kinds = [type(e) for e in out]
+    assert kinds.index(L.UserStarted) < kinds.index(L.TurnEnded) < kinds.index(L.UserTranscript)
+    (final,) = [e for e in out if isinstance(e, L.UserTranscript)]
+    (ended,) = [e for e in out if isinstance(e, L.TurnEnded)]
+    assert final.text == "what is the capital of France"
+    assert all(w.end <= ended.t_speech_end + 0.2 for w in final.words)
+    assert 1.0 < ended.t_speech_end < 1.2
+    # the recognizer was fed every sample, silence included
+    assert abs(asr.open_streams[0].fed_s - audio.size / RATE) < 0.02
+    await listener.close()
+    assert asr.open_streams == []
+
+
+async def test_the_pause_gives_a_transcript_to_speculate_on_before_the_turn_ends():
+    audio = np.concatenate([gap(0.3), burst(0.6), gap(1.0)])
+    out, listener, _ = await listen(["how many legs"], audio)
+    kinds = [type(e) for e in out]
+    assert L.PauseTranscript in kinds and kinds.index(L.PauseTranscript) < kinds.index(L.TurnEnded)
+    assert [e.text for e in out if isinstance(e, L.PauseTranscript)] == ["how many legs"]
+    await listener.close()
+
+
+async def test_speech_after_a_pause_voids_it_and_the_turn_holds_both_parts():
+    audio = np.concatenate([gap(0.3), burst(0.6), gap(0.35), burst(0.5, seed=1), gap(1.0)])
+    out, listener, _ = await listen(["I'd like to book", "a table"], audio)
+    kinds = [type(e) for e in out]
+    assert kinds.index(L.PauseTranscript) < kinds.index(L.UserResumed) < kinds.index(L.TurnEnded)
+    assert [e.text for e in out if isinstance(e, L.UserTranscript)] == ["I'd like to book a table"]
+    await listener.close()
+
+
+async def test_two_turns_each_get_their_own_words():
+    audio = np.concatenate([gap(0.3), burst(0.6), gap(1.0), burst(0.6, seed=4), gap(1.0)])
+    out, listener, _ = await listen(["first question", "second one"], audio)
+    assert [e.text for e in out if isinstance(e, L.UserTranscript)] == ["first question", "second one"]
+    await listener.close()
+
+
+async def test_noise_without_words_ends_a_turn_with_an_empty_transcript():
+    audio = np.concatenate([gap(0.3), burst(0.6), gap(1.0)])
+    out, listener, _ = await listen([""], audio)
+    assert [e.text for e in out if isinstance(e, L.UserTranscript)] == [""]
+    await listener.close()

@@ -1,0 +1,109 @@
+"""One Reply on test doubles: cancelled within a token, held at its gate, waterfall in order."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from agent.records import TurnRecord
+from agent.reply import Reply, ReplyConfig
+from agent.trace import Ev, Stage, Tracer
+from doubles import ScriptedLLM, ToneVoice
+from helpers import await_until
+
+
+class Far:
+    """A far end that records what it was sent, and plays instantly (no marks)."""
+
+    reports_playout = False
+
+    def __init__(self):
+        self.audio, self.cleared = [], 0
+
+    async def send_audio(self, chunk):
+        self.audio.append(chunk)
+
+    async def clear(self):
+        self.cleared += 1
+
+    async def send_event(self, event):
+        pass
+
+
+class Hooks:
+    def __init__(self):
+        self.audible = self.finished = 0
+        self.failed: list[BaseException] = []
+        self.sent: list = []
+
+    async def send(self, event):
+        self.sent.append(event)
+
+    async def reply_audible(self, reply):
+        self.audible += 1
+
+    async def reply_finished(self, reply):
+        self.finished += 1
+
+    async def reply_failed(self, reply, error):
+        self.failed.append(error)
+
+
+def make(llm, mode="concurrent", speculative=False, tracer=None, **kw):
+    far, hooks = Far(), Hooks()
+    ids = itertools.count()
+    reply = Reply(TurnRecord(index=0, user_text="q"), [{"role": "user", "content": "q"}], llm=llm, tts=ToneVoice(),
+                  transport=far, config=ReplyConfig(mode=mode, playout_lead_s=0.05), tracer=tracer if tracer is not None else Tracer("r"),
+                  new_chunk_id=lambda: next(ids), hooks=hooks, speculative=speculative, **kw)
+    return reply, far, hooks
+
+
+async def test_a_cancelled_reply_stops_its_llm_within_one_token():
+    llm = ScriptedLLM(" ".join(f"w{i}" for i in range(200)), token_s=0.02)
+    reply, far, hooks = make(llm)
+    reply.start()
+    assert await await_until(lambda: len(reply.record.tokens) >= 5, timeout=5)
+    await reply.cancel()
+    n = len(reply.record.tokens)
+    await asyncio.sleep(0.1)  # five more token times: none may come
+    assert len(reply.record.tokens) == n and llm.cancelled == 1
+    assert not reply.running and hooks.finished == 0
+
+
+async def test_a_speculative_reply_holds_its_audio_until_committed():
+    reply, far, hooks = make(ScriptedLLM("Four legs, as all spiders have eight."), speculative=True)
+    reply.start()
+    assert await await_until(lambda: reply.record.tts_first_chunk > 0, timeout=5)
+    await asyncio.sleep(0.05)
+    assert far.audio == [] and hooks.audible == 0, "nothing is heard before the commit"
+    reply.commit()
+    await asyncio.wait_for(reply.task, 10)
+    assert far.audio and hooks.audible == 1 and hooks.finished == 1
+    assert reply.spoken == reply.record.reply_text == "Four legs, as all spiders have eight."
+
+
+async def test_waterfall_runs_the_stages_one_after_another():
+    tracer = Tracer("w")
+    reply, far, hooks = make(ScriptedLLM("One two three. Four five six."), mode="waterfall", tracer=tracer)
+    await asyncio.wait_for(reply.start().task, 10)
+    evs = [(e.stage, e.name) for e in tracer.events()]
+    assert evs.index((Stage.LLM, Ev.DONE)) < evs.index((Stage.TTS, Ev.REQUEST))
+    assert evs.index((Stage.TTS, Ev.DONE)) < evs.index((Stage.TRANSPORT, Ev.SEND_AUDIO))
+    assert " ".join(c.text for c in far.audio).split() == "One two three. Four five six.".split()
+
+
+async def test_a_fixed_text_reply_speaks_it_without_the_llm():
+    llm = ScriptedLLM("never")
+    reply, far, hooks = make(llm, fixed_text="Hello there, welcome.", spoken_prefix="Earlier words")
+    await asyncio.wait_for(reply.start().task, 10)
+    assert llm.requests == [] and reply.spoken == "Earlier words Hello there, welcome."
+
+
+async def test_a_failing_model_is_reported_not_raised():
+    class Broken(ScriptedLLM):
+        async def stream(self, messages, max_tokens=None):
+            yield "Hi"
+            raise ConnectionError("LLM server gone")
+
+    reply, far, hooks = make(Broken())
+    await asyncio.wait_for(reply.start().task, 10)
+    assert [str(e) for e in hooks.failed] == ["LLM server gone"]
