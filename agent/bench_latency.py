@@ -10,7 +10,8 @@ by the VAD: the last sample whose smoothed |x| exceeds 1% of full scale, placed 
 timeline (`input_start_times[i] + offset`) and mapped to the monotonic clock as `t0 + timeline_s`.
 
 It also reports the per-stage breakdown (endpoint wait, ASR final, LLM first token, TTS first
-chunk, then the wait until the first audio went out), the asyncio event-loop lag seen by a 10 ms
+chunk, then the wait until the first audio went out; `agent.stages.breakdown`, the same function
+as the session's records and `duplex trace report`), the asyncio event-loop lag seen by a 10 ms
 ticker, and speculation figures when the session exposes `speculation_stats`.
 Figures measured on a shared CPU are noisy; the JSON keeps every per-turn number.
 """
@@ -32,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from agent.stages import STAGE_KEYS, breakdown
+
 ASR_RATE = 16000
 LEAD_S = 0.5  # silence before each input, so the VAD pre-roll holds audio before the speech
 END_THRESHOLD = 0.01  # of full scale
@@ -51,7 +54,6 @@ QUESTIONS = [
 ]
 # Real recordings from ../shared/speech/dev, single utterances with no long internal pause.
 DEV_CLIPS = ["goforward.wav", "sense_and_sensibility_01_austen_64kb-0880.wav", "cards_005.wav"]
-STAGES = ("endpoint_ms", "asr_final_ms", "llm_ttft_ms", "tts_first_chunk_ms", "to_audio_out_ms")
 
 
 def default_dev_dir() -> Path:
@@ -163,10 +165,6 @@ class LoopLagMonitor:
                 "p99_ms": round(float(np.percentile(a, 99)), 2), "max_ms": round(float(a.max()), 2)}
 
 
-def _ms(a: float, b: float) -> float | None:
-    return round((a - b) * 1000, 1) if a and b else None
-
-
 def _pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)), 1) if values else None
 
@@ -194,7 +192,8 @@ def speculation_figures(session) -> dict | None:
 
 def match_turns(script: list[ScriptLine], starts: list[float], t0: float, records) -> list[dict]:
     """One row per input: the session record whose (VAD) speech end falls in that input's window
-    and lies closest to the exact end; stage times from the record, measured from the exact end."""
+    and lies closest to the exact end; its stage breakdown (`agent.stages.breakdown`) measured
+    from the exact end instead of the VAD's."""
     rows = []
     for i, line in enumerate(script):
         row = {"turn": i, "input": line.name, "said": line.text, "records": 0}
@@ -215,12 +214,8 @@ def match_turns(script: list[ScriptLine], starts: list[float], t0: float, record
             **row,
             "heard": r.user_text, "reply": r.reply_text,
             "vad_end_error_ms": round((r.speech_end - exact_end) * 1000, 1),
-            "endpoint_ms": _ms(r.endpoint, exact_end),
-            "asr_final_ms": _ms(r.asr_final, r.endpoint),
-            "llm_ttft_ms": _ms(r.llm_first_token, r.asr_final),
-            "tts_first_chunk_ms": _ms(r.tts_first_chunk, r.llm_first_token),
-            "to_audio_out_ms": _ms(r.first_audio_out, r.tts_first_chunk),
-            "voice_to_voice_ms": _ms(r.first_audio_out, exact_end),
+            **breakdown(exact_end, r.endpoint, r.asr_final, r.llm_first_token, r.tts_first_chunk,
+                        r.first_audio_out),
             "record": r.summary(),
         })
     return rows
@@ -266,7 +261,7 @@ async def run_mode(models, script: list[ScriptLine], mode: str, args, out_wav: P
         "mode": label, "traced_events": tracer.total if tracer is not None else 0, "turns": rows, "replied": len(v2v), "inputs": len(rows),
         "session_records": len(session.records), "wall_s": round(wall_s, 1),
         "voice_to_voice_p50_ms": _pct(v2v, 50), "voice_to_voice_p90_ms": _pct(v2v, 90),
-        "stages_mean_ms": {k: _mean([r.get(k) for r in rows]) for k in (*STAGES, "vad_end_error_ms")},
+        "stages_mean_ms": {k: _mean([r.get(k) for r in rows]) for k in (*STAGE_KEYS, "vad_end_error_ms")},
         "loop_lag": monitor.stats(), "speculation": speculation_figures(session),
         "output_wav": str(out_wav),
     }
@@ -274,9 +269,12 @@ async def run_mode(models, script: list[ScriptLine], mode: str, args, out_wav: P
 
 async def warm_up(models) -> None:
     """One small call to each model so that the first mode does not pay the cold start alone."""
-    stream = models.asr.open_stream()
-    await asyncio.to_thread(stream.push, np.zeros(ASR_RATE, dtype=np.float32))
-    await asyncio.to_thread(stream.finalize)
+    stream = await models.asr.open_stream()
+    try:
+        await stream.feed(np.zeros(stream.sample_rate, dtype=np.float32))
+        await stream.flush(1.0)
+    finally:
+        await stream.close()
     messages = [{"role": "system", "content": "Answer in one short English sentence."},
                 {"role": "user", "content": "Hello?"}]
     async with contextlib.aclosing(models.llm.stream(messages, 4)) as toks:
@@ -302,15 +300,15 @@ def print_mode(res: dict, out=None) -> None:
     p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
     p(f"\n== {res['mode']} ==  ({res['replied']}/{res['inputs']} turns replied, "
       f"{res['session_records']} session turns, {res['wall_s']} s)")
-    p(f"{'turn':<4} {'input':<24} {'endpt':>7} {'asr':>7} {'ttft':>7} {'tts1':>7} {'out':>7} "
+    p(f"{'turn':<4} {'input':<24} {'endpt':>7} {'asr':>7} {'ttft':>7} {'tts1':>7} {'send':>7} "
       f"{'v2v ms':>7}  heard -> reply")
     for r in res["turns"]:
         text = f"{r.get('heard', '')!r} -> {r.get('reply', '')[:50]!r}" if "heard" in r else r.get("note", "")
         extra = f" [{r['records']} session turns]" if r["records"] > 1 else ""
-        p(f"{r['turn']:<4} {r['input'][:24]:<24} " + " ".join(_fmt(r.get(k)) for k in STAGES)
+        p(f"{r['turn']:<4} {r['input'][:24]:<24} " + " ".join(_fmt(r.get(k)) for k in STAGE_KEYS)
           + f" {_fmt(r['voice_to_voice_ms'])}  {text}{extra}")
     s = res["stages_mean_ms"]
-    p(f"mean {'':<24} " + " ".join(_fmt(s[k]) for k in STAGES)
+    p(f"mean {'':<24} " + " ".join(_fmt(s[k]) for k in STAGE_KEYS)
       + f"          (VAD end error {_fmt(s['vad_end_error_ms'], 0)} ms)")
     p(f"voice-to-voice p50 {_fmt(res['voice_to_voice_p50_ms'], 0)} ms  "
       f"p90 {_fmt(res['voice_to_voice_p90_ms'], 0)} ms")
@@ -381,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{os.cpu_count()} CPUs (shared: figures are noisy)")
         print("stages (ms): endpt = endpoint - exact speech end, asr = final transcript - endpoint, "
               "ttft = LLM first token - final, tts1 = first TTS chunk - first token, "
-              "out = first audio out - first chunk; v2v = first audio out - exact speech end")
+              "send = first audio out - first chunk; v2v = first audio out - exact speech end; "
+              "a milestone a speculative reply reached early counts 0")
         results = {}
         for mode in args.modes:
             results[mode] = asyncio.run(run_mode(models, script, mode, args, work / f"bot_{mode}.wav"))

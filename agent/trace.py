@@ -24,8 +24,12 @@ them):
     ``request``, ``first_token``, ``token`` (``text=``), ``cancel``, ``done``;
     the generation itself may be a span.
 ``tts``
-    ``request`` (``text=``), ``first_chunk``, ``chunk`` (``samples=``,
-    ``text=``, optionally ``sample_rate=``), ``cancel``, ``done``.
+    ``request`` (``text=``: a piece of text handed to the voice), ``first_chunk``,
+    ``chunk`` (``samples=``, ``text=``, optionally ``sample_rate=``: the audio
+    of that piece), ``cancel``, ``done``; a voice may also record each
+    synthesis call as a ``synth`` span.  Between a chunk and the next request
+    the voice waits for the LLM's next words, so the report counts only
+    request → chunk (or the spans) as its busy time.
 ``transport``
     ``send_audio`` (the first one of a turn marks the start of playout on the
     server side), ``clear``.
@@ -36,7 +40,12 @@ them):
 ``speculation``
     ``start``, ``commit``, ``cancel``.
 ``memory``
-    counters ``rss_mb``, ``gpu_mb`` (see :mod:`agent.profiling`).
+    counters ``rss_mb``, ``gpu_mb``, ``gpu_reserved_mb`` (see
+    :mod:`agent.profiling`).
+
+The names are constants: :class:`Stage` for the stages, :class:`Ev` for the
+event names; writers and readers (``agent.trace_report``,
+``agent.trace_export``) use them instead of string literals.
 
 ``flow=`` (an int) links events causally across stages, e.g. a partial → LLM
 request → TTS request → playout; the Perfetto exporter draws these as arrows.
@@ -75,20 +84,6 @@ __all__ = [
     "spill_header",
 ]
 
-#: Canonical stage names, in track order.
-STAGES: tuple[str, ...] = (
-    "audio_in",
-    "vad",
-    "turn",
-    "asr",
-    "llm",
-    "tts",
-    "transport",
-    "client",
-    "speculation",
-    "memory",
-)
-
 class Stage:
     """Stage (track) names: the tracer's writers and its readers (report, export) use these."""
 
@@ -104,9 +99,29 @@ class Stage:
     MEMORY = "memory"
 
 
+#: Canonical stage names, in track order.
+STAGES: tuple[str, ...] = (
+    Stage.AUDIO_IN,
+    Stage.VAD,
+    Stage.TURN,
+    Stage.ASR,
+    Stage.LLM,
+    Stage.TTS,
+    Stage.TRANSPORT,
+    Stage.CLIENT,
+    Stage.SPECULATION,
+    Stage.MEMORY,
+)
+
+
 class Ev:
     """Event names, per stage (see the module docstring for what each carries)."""
 
+    # audio_in
+    FRAME = "frame"
+    # vad
+    SPEECH = "speech"
+    SILENCE = "silence"
     # turn
     USER_SPEECH_START = "user_speech_start"
     USER_SPEECH_END = "user_speech_end"
@@ -139,6 +154,7 @@ class Ev:
     # tts
     FIRST_CHUNK = "first_chunk"
     CHUNK = "chunk"
+    SYNTH = "synth"
     # transport
     SEND_AUDIO = "send_audio"
     CLEAR = "clear"
@@ -146,9 +162,14 @@ class Ev:
     PLAYOUT_START = "playout_start"
     PLAYOUT_END = "playout_end"
     MOUTH_TO_EAR = "mouth_to_ear"
+    CLOCK_SYNC = "clock_sync"
     # speculation
     START = "start"
     COMMIT = "commit"
+    # memory (counters)
+    RSS_MB = "rss_mb"
+    GPU_MB = "gpu_mb"
+    GPU_RESERVED_MB = "gpu_reserved_mb"
 
 
 # Phases, Chrome-trace style.

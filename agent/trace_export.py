@@ -45,7 +45,9 @@ from typing import Any, Iterable, Sequence
 
 from agent.trace import (
     STAGES,
+    Ev,
     Event,
+    Stage,
     Tracer,
     _jsonable,
     event_to_record,
@@ -116,21 +118,21 @@ def turn_chain(turn_events: Sequence[Event]) -> list[Event]:
     transport send after it → the client's playout start.  Missing links are
     skipped.  ``turn_events`` must be sorted by time."""
     evs = turn_events
-    tts_req = _first(evs, _is("tts", "request"))
+    tts_req = _first(evs, _is(Stage.TTS, Ev.REQUEST))
     if tts_req is not None:
-        req = _last(evs, _is("llm", "request"), before=tts_req.ts_ns) or _first(
-            evs, _is("llm", "request")
+        req = _last(evs, _is(Stage.LLM, Ev.REQUEST), before=tts_req.ts_ns) or _first(
+            evs, _is(Stage.LLM, Ev.REQUEST)
         )
     else:
-        req = _first(evs, _is("llm", "request"))
+        req = _first(evs, _is(Stage.LLM, Ev.REQUEST))
     if req is not None and tts_req is not None and tts_req.ts_ns < req.ts_ns:
-        tts_req = _first(evs, _is("tts", "request"), after=req.ts_ns)
+        tts_req = _first(evs, _is(Stage.TTS, Ev.REQUEST), after=req.ts_ns)
     anchor = req or tts_req
-    src = _last(evs, _is("asr", "partial", "final"), before=anchor.ts_ns if anchor else None)
+    src = _last(evs, _is(Stage.ASR, Ev.PARTIAL, Ev.FINAL), before=anchor.ts_ns if anchor else None)
     after = (tts_req or req or src).ts_ns if (tts_req or req or src) else None
-    send = _first(evs, _is("transport", "send_audio"), after=after)
+    send = _first(evs, _is(Stage.TRANSPORT, Ev.SEND_AUDIO), after=after)
     play = _first(
-        evs, _is("client", "playout_start"), after=(send or tts_req or req or src).ts_ns
+        evs, _is(Stage.CLIENT, Ev.PLAYOUT_START), after=(send or tts_req or req or src).ts_ns
         if (send or tts_req or req or src) else None
     )
     return [e for e in (src, req, tts_req, send, play) if e is not None]
@@ -592,7 +594,7 @@ def export_otlp(
         for e in grp:
             if e.ph == "X":
                 a = {"duplex.stage": e.stage, **attrs(e.args)}
-                if e.stage == "llm":
+                if e.stage == Stage.LLM:
                     a["gen_ai.operation.name"] = "chat"
                     m = e.args.get("model", model)
                     if m:
@@ -605,14 +607,14 @@ def export_otlp(
                 root.add_event(f"{e.stage}.{e.name}", {"value": float(e.args.get("value", 0.0))},
                                timestamp=w(e.ts_ns))
             else:
-                if e.name != "token":
+                if e.name != Ev.TOKEN:
                     root.add_event(f"{e.stage}.{e.name}", attrs(e.args), timestamp=w(e.ts_ns))
-                if e.stage == "llm":
-                    if e.name == "request":
+                if e.stage == Stage.LLM:
+                    if e.name == Ev.REQUEST:
                         open_llm.append((e, []))
-                    elif open_llm and e.name in ("first_token", "token"):
+                    elif open_llm and e.name in (Ev.FIRST_TOKEN, Ev.TOKEN):
                         open_llm[-1][1].append(e)
-                    elif open_llm and e.name in ("done", "cancel"):
+                    elif open_llm and e.name in (Ev.DONE, Ev.CANCEL):
                         req, toks = open_llm.pop(0)
                         n_spans += _gen_ai_span(otel, ctx, req, toks, e, w, model, provider_name)
         for req, toks in open_llm:  # never finished: end at the last token or request
@@ -627,7 +629,7 @@ def export_otlp(
 
 def _gen_ai_span(otel, ctx, req: Event, toks: list[Event], end: Event, w, model, provider_name) -> int:
     m = req.args.get("model", model)
-    a: dict[str, Any] = {"gen_ai.operation.name": "chat", "duplex.stage": "llm"}
+    a: dict[str, Any] = {"gen_ai.operation.name": "chat", "duplex.stage": Stage.LLM}
     if m:
         a["gen_ai.request.model"] = str(m)
     prov = req.args.get("provider", provider_name)
@@ -639,14 +641,14 @@ def _gen_ai_span(otel, ctx, req: Event, toks: list[Event], end: Event, w, model,
             a[f"gen_ai.request.{key}"] = req.args[key]
     out_tok = end.args.get("output_tokens", end.args.get("tokens"))
     if out_tok is None:
-        out_tok = sum(1 for t in toks if t.name == "token")
+        out_tok = sum(1 for t in toks if t.name == Ev.TOKEN)
     a["gen_ai.usage.output_tokens"] = int(out_tok)
     in_tok = end.args.get("input_tokens", req.args.get("input_tokens"))
     if in_tok is not None:
         a["gen_ai.usage.input_tokens"] = int(in_tok)
-    if end.name == "cancel":
+    if end.name == Ev.CANCEL:
         a["gen_ai.response.finish_reasons"] = ["cancelled"]
-    ft = next((t for t in toks if t.name == "first_token"), None)
+    ft = next((t for t in toks if t.name == Ev.FIRST_TOKEN), None)
     if ft is not None:
         a["duplex.ttft_ms"] = (ft.ts_ns - req.ts_ns) / 1e6
     sp = otel.start_span(f"chat {m}" if m else "chat", context=ctx, start_time=w(req.ts_ns),

@@ -8,7 +8,9 @@ Reads a trace (JSONL event log, tracer spill file or Perfetto JSON; see
        turn.user_speech_end → turn.endpoint → asr.final → llm.first_token
        → tts.first_chunk → transport.send_audio (first) → client.playout_start
 
-   Each column is the difference between consecutive milestones:
+   Each column is the difference between consecutive milestones, computed by
+   :func:`agent.stages.breakdown` (the same function as the session's own
+   records and ``duplex bench latency``):
 
    ============== ===========================================================
    endpoint wait  user_speech_end → endpoint (end-of-turn decision)
@@ -18,13 +20,13 @@ Reads a trace (JSONL event log, tracer spill file or Perfetto JSON; see
    transport      tts.first_chunk → first transport.send_audio
    client playout first send_audio → client.playout_start (page clock,
                   aligned to the server clock)
-   total          user_speech_end → last milestone present
+   total          the sum of the columns (first → last milestone present)
    ============== ===========================================================
 
    Each milestone is clamped to be >= the previous one (speculation can start
    the LLM before the endpoint; that stage then shows 0 ms), so the columns
-   sum to the total exactly.  A missing milestone leaves its column empty and
-   the next column is measured from the last milestone present.  The reply
+   sum to the total.  A missing milestone leaves its column empty and the
+   next column is measured from the last milestone present.  The reply
    that was actually played is chosen backwards from the first
    ``send_audio``: the last ``tts.first_chunk`` before it, the last
    ``llm.first_token`` before that (events sharing the send's ``flow`` id are
@@ -36,13 +38,18 @@ Reads a trace (JSONL event log, tracer spill file or Perfetto JSON; see
 
 3. **Per-stage RTF and a verdict** for the model stages (asr, llm, tts):
 
-   * *busy* = union of the stage's spans; for ``llm``/``tts`` without spans,
-     request → done/cancel intervals are used instead;
+   * *busy* = union of the time the stage was working: its spans; without
+     spans, one interval per piece of work from instants: ``llm`` request →
+     done/cancel, ``tts`` request → the chunk of that piece (or cancel).  The
+     voice's time from a chunk to the next request is not busy: it waits for
+     the LLM's next words (and for the playout), so it counts neither in the
+     RTF nor in the busy fraction;
    * *window* = per turn, first → last event of the stage (the wall time the
      stage covered);
-   * *RTF* = busy / audio seconds covered (``audio_s=`` on events/spans, or
-     ``samples`` / ``sample_rate`` on tts chunks); when no audio length is
-     recorded, busy / window ("wall RTF");
+   * *RTF* = busy / audio seconds covered (``audio_s=``, or ``samples`` /
+     ``sample_rate``, on the spans when they carry it, else on the instants,
+     e.g. tts chunks); when no audio length is recorded, busy / window
+     ("wall RTF");
    * verdict, first rule that matches:
 
      1. the stage ran on the GPU (``device="cuda..."`` or ``gpu_busy_ns`` on
@@ -54,8 +61,10 @@ Reads a trace (JSONL event log, tracer spill file or Perfetto JSON; see
         busy time: **I/O-bound** (blocked on a socket, HTTP peer or disk);
      4. otherwise **CPU-bound**.
 
-   Plus the RSS trend from the ``memory/rss_mb`` counter (MB/min), a leak
-   indicator, and GPU memory when present.
+   Plus the trend of each ``memory`` counter (RSS, GPU memory) in MB/min, a
+   leak indicator, measured after warm-up (see :func:`warmup_end_ns`): models
+   fault their weights in and allocate their buffers on first use, which is
+   not growth.
 
 4. With ``--png-dir``: one waterfall PNG per turn (matplotlib, Agg canvas).
 """
@@ -64,13 +73,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
-from agent.trace import Event, Tracer
+import numpy as np
+
+from agent.stages import STAGE_KEYS, breakdown, clamped
+from agent.trace import Ev, Event, Stage, Tracer, record_to_event
 
 __all__ = [
     "MILESTONES",
@@ -78,21 +89,25 @@ __all__ = [
     "turn_table",
     "percentiles",
     "stage_stats",
+    "memory_trend",
+    "warmup_end_ns",
     "format_table",
+    "format_stages",
     "write_waterfalls",
     "simulate_turns",
     "main",
 ]
 
-#: (stage, name) of each milestone, in causal order.
+#: (stage, name) of each milestone, in causal order: agent.stages.MILESTONES, then the
+#: client's playout start.
 MILESTONES: tuple[tuple[str, str], ...] = (
-    ("turn", "user_speech_end"),
-    ("turn", "endpoint"),
-    ("asr", "final"),
-    ("llm", "first_token"),
-    ("tts", "first_chunk"),
-    ("transport", "send_audio"),
-    ("client", "playout_start"),
+    (Stage.TURN, Ev.USER_SPEECH_END),
+    (Stage.TURN, Ev.ENDPOINT),
+    (Stage.ASR, Ev.FINAL),
+    (Stage.LLM, Ev.FIRST_TOKEN),
+    (Stage.TTS, Ev.FIRST_CHUNK),
+    (Stage.TRANSPORT, Ev.SEND_AUDIO),
+    (Stage.CLIENT, Ev.PLAYOUT_START),
 )
 
 #: (row key, header) of each stage column; column i spans milestone i → i+1.
@@ -104,8 +119,22 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("transport_ms", "transport"),
     ("client_playout_ms", "client playout"),
 )
+# the report's column keys (its JSON output) for the keys of agent.stages.breakdown
+_BREAKDOWN_KEYS = (*STAGE_KEYS, "client_playout_ms")
 
-MODEL_STAGES = ("asr", "llm", "tts")
+MODEL_STAGES = (Stage.ASR, Stage.LLM, Stage.TTS)
+
+#: Stages whose busy time, without spans, comes from instants: the event that hands the stage a
+#: piece of work and the events that end it.  The voice's piece ends at its audio chunk; from
+#: there to the next request it waits for the LLM's words, which is not synthesis.
+WORK_EVENTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    Stage.LLM: (Ev.REQUEST, (Ev.DONE, Ev.CANCEL)),
+    Stage.TTS: (Ev.REQUEST, (Ev.CHUNK, Ev.CANCEL)),
+}
+
+#: Memory counters before this much of the series are warm-up when the trace has no reply
+#: to the user to date the warm-up by (see :func:`warmup_end_ns`).
+WARMUP_FALLBACK_S = 10.0
 
 
 def _norm(events: Iterable[Any]) -> list[Event]:
@@ -114,8 +143,6 @@ def _norm(events: Iterable[Any]) -> list[Event]:
         if isinstance(e, Event):
             out.append(e)
         elif isinstance(e, dict):
-            from agent.trace import record_to_event
-
             out.append(record_to_event(e))
         else:
             out.append(Event(*e))
@@ -145,32 +172,32 @@ def _pick_first(evs, stage, name, after=None):
 
 def _milestones(evs: Sequence[Event]) -> list[Event | None]:
     """Raw milestone events of one turn (sorted by time), or None if absent."""
-    endpoint = _pick_first(evs, "turn", "endpoint")
+    endpoint = _pick_first(evs, Stage.TURN, Ev.ENDPOINT)
     speech_end = _pick_last(
-        evs, "turn", "user_speech_end", before=endpoint.ts_ns if endpoint else None
-    ) or _pick_last(evs, "turn", "user_speech_end")
-    send = _pick_first(evs, "transport", "send_audio")
+        evs, Stage.TURN, Ev.USER_SPEECH_END, before=endpoint.ts_ns if endpoint else None
+    ) or _pick_last(evs, Stage.TURN, Ev.USER_SPEECH_END)
+    send = _pick_first(evs, Stage.TRANSPORT, Ev.SEND_AUDIO)
     flow = send.flow if send is not None else None
     if send is not None:
-        tts_fc = _pick_last(evs, "tts", "first_chunk", before=send.ts_ns, flow=flow)
+        tts_fc = _pick_last(evs, Stage.TTS, Ev.FIRST_CHUNK, before=send.ts_ns, flow=flow)
     else:
-        tts_fc = _pick_first(evs, "tts", "first_chunk")
+        tts_fc = _pick_first(evs, Stage.TTS, Ev.FIRST_CHUNK)
     if tts_fc is not None:
-        llm_ft = _pick_last(evs, "llm", "first_token", before=tts_fc.ts_ns, flow=flow)
+        llm_ft = _pick_last(evs, Stage.LLM, Ev.FIRST_TOKEN, before=tts_fc.ts_ns, flow=flow)
     elif send is not None:
-        llm_ft = _pick_last(evs, "llm", "first_token", before=send.ts_ns, flow=flow)
+        llm_ft = _pick_last(evs, Stage.LLM, Ev.FIRST_TOKEN, before=send.ts_ns, flow=flow)
     else:
-        llm_ft = _pick_first(evs, "llm", "first_token")
+        llm_ft = _pick_first(evs, Stage.LLM, Ev.FIRST_TOKEN)
     asr_final = None
     if speech_end is not None:
-        asr_final = _pick_first(evs, "asr", "final", after=speech_end.ts_ns)
+        asr_final = _pick_first(evs, Stage.ASR, Ev.FINAL, after=speech_end.ts_ns)
     if asr_final is None:
-        asr_final = _pick_last(evs, "asr", "final")
+        asr_final = _pick_last(evs, Stage.ASR, Ev.FINAL)
     play = None
     if send is not None:
-        play = _pick_first(evs, "client", "playout_start", after=send.ts_ns)
+        play = _pick_first(evs, Stage.CLIENT, Ev.PLAYOUT_START, after=send.ts_ns)
     if play is None:
-        play = _pick_first(evs, "client", "playout_start")
+        play = _pick_first(evs, Stage.CLIENT, Ev.PLAYOUT_START)
     return [speech_end, endpoint, asr_final, llm_ft, tts_fc, send, play]
 
 
@@ -185,85 +212,66 @@ def _group_turns(events: Iterable[Event]) -> dict[tuple[str, int], list[Event]]:
 def turn_table(events: Iterable[Any]) -> list[dict]:
     """One row per turn (ordered by time) with the stage columns in ms.
 
-    Keys: ``session``, ``turn``, each key of :data:`COLUMNS` (float ms or
-    ``None`` when its milestone is missing), ``total_ms`` (= the sum of the
-    non-None columns), ``server_ms`` (up to the first send_audio),
-    ``mouth_to_ear_ms`` (up to client playout start, or None), ``missing``
-    (milestone names absent), ``barge_in``, ``speculative`` (a speculation
-    was committed), ``t0_ns`` (first milestone present, tracer clock) and
+    Keys: ``session``, ``turn``, each key of :data:`COLUMNS` (ms rounded to 0.1, or ``None``
+    when its milestone is missing), ``total_ms`` (= the sum of the non-None columns),
+    ``server_ms`` (up to the first send_audio), ``mouth_to_ear_ms`` (up to client playout
+    start, or None), ``missing`` (milestone names absent), ``barge_in``, ``speculative`` (a
+    speculation was committed), ``t0_ns`` (first milestone present, tracer clock) and
     ``milestones_ns`` (clamped milestone times, None when absent).
     """
     rows = []
     for (sess, turn), evs in sorted(_group_turns(events).items(), key=lambda kv: kv[1][0].ts_ns):
         raw = _milestones(evs)
-        present = [m for m in raw if m is not None]
+        # breakdown() reads 0 as "not reached" (a TurnRecord's default), but a trace clock may
+        # read 0 (a Perfetto file from elsewhere starts there): give it times from just before
+        # the first milestone
+        origin = min((m.ts_ns for m in raw if m is not None), default=0) - 1
+        times = [m.ts_ns - origin if m is not None else None for m in raw]
+        marks = [t + origin if t is not None else None for t in clamped(times)]
+        present = [t for t in marks if t is not None]
         if len(present) < 2:
             continue
-        clamped: list[int | None] = []
-        prev: int | None = None
-        for m in raw:
-            if m is None:
-                clamped.append(None)
-                continue
-            t = m.ts_ns if prev is None else max(m.ts_ns, prev)
-            clamped.append(t)
-            prev = t
+        stages = breakdown(*times[:6], playout_start=times[6], unit_ms=1e-6)
         row: dict[str, Any] = {"session": sess, "turn": turn}
-        last_t: int | None = None
-        first_t: int | None = None
-        for i, t in enumerate(clamped):
-            if i > 0:
-                key = COLUMNS[i - 1][0]
-                row[key] = None if (t is None or last_t is None) else (t - last_t) / 1e6
-            if t is not None:
-                if first_t is None:
-                    first_t = t
-                last_t = t
-        assert first_t is not None and last_t is not None
-        row["total_ms"] = (last_t - first_t) / 1e6
-        row["server_ms"] = (clamped[5] - first_t) / 1e6 if clamped[5] is not None else None
+        for bkey, (key, _) in zip(_BREAKDOWN_KEYS, COLUMNS):
+            row[key] = stages[bkey]
+        cols = [row[k] for k, _ in COLUMNS]
+        row["total_ms"] = round(sum(v for v in cols if v is not None), 1)
+        row["server_ms"] = (
+            round(sum(v for v in cols[:5] if v is not None), 1) if marks[5] is not None else None
+        )
         row["mouth_to_ear_ms"] = (
-            (clamped[6] - first_t) / 1e6
-            if clamped[6] is not None and clamped[0] is not None
-            else None
+            row["total_ms"] if marks[6] is not None and marks[0] is not None else None
         )
         row["missing"] = [
-            f"{st}.{nm}" for (st, nm), m in zip(MILESTONES, raw) if m is None
+            f"{st}.{nm}" for (st, nm), t in zip(MILESTONES, marks) if t is None
         ]
         # a turn the bot started (a greeting) has no user speech to measure from: its total is
         # not a voice-to-voice figure and stays out of their percentiles
-        row["from_user_speech"] = clamped[0] is not None
-        row["barge_in"] = any(e.stage == "turn" and e.name == "barge_in" for e in evs)
-        row["speculative"] = any(e.stage == "speculation" and e.name == "commit" for e in evs)
-        row["t0_ns"] = first_t
-        row["milestones_ns"] = clamped
+        row["from_user_speech"] = marks[0] is not None
+        row["barge_in"] = any(e.stage == Stage.TURN and e.name == Ev.BARGE_IN for e in evs)
+        row["speculative"] = any(
+            e.stage == Stage.SPECULATION and e.name == Ev.COMMIT for e in evs
+        )
+        row["t0_ns"] = present[0]
+        row["milestones_ns"] = marks
         rows.append(row)
     return rows
 
 
 def percentiles(rows: Sequence[dict], qs: Sequence[float] = (50, 90, 99)) -> dict[str, dict]:
     """``{column key: {"p50": ms, ...}}`` over the turns where the column is present
-    (linear interpolation between closest ranks); the totals only over turns that start at
-    the user's speech end (not a greeting's)."""
+    (numpy's linear interpolation between closest ranks); the totals only over turns that
+    start at the user's speech end (not a greeting's)."""
     keys = [k for k, _ in COLUMNS] + ["total_ms", "server_ms", "mouth_to_ear_ms"]
     out: dict[str, dict] = {}
     for k in keys:
         voice = k in ("total_ms", "server_ms", "mouth_to_ear_ms")
-        vals = sorted(r[k] for r in rows if r.get(k) is not None and (not voice or r.get("from_user_speech", True)))
-        out[k] = {f"p{q:g}": _pct(vals, q) for q in qs}
+        vals = [r[k] for r in rows
+                if r.get(k) is not None and (not voice or r.get("from_user_speech", True))]
+        out[k] = {f"p{q:g}": float(np.percentile(vals, q)) if vals else None for q in qs}
         out[k]["n"] = len(vals)
     return out
-
-
-def _pct(sorted_vals: Sequence[float], q: float) -> float | None:
-    if not sorted_vals:
-        return None
-    if len(sorted_vals) == 1:
-        return float(sorted_vals[0])
-    pos = (len(sorted_vals) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_vals) - 1)
-    return float(sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo))
 
 
 # ----------------------------------------------------------------- stage RTF
@@ -282,57 +290,71 @@ def _union(intervals: Iterable[tuple[int, int]]) -> int:
     return total
 
 
-def _request_intervals(evs: Sequence[Event]) -> list[tuple[int, int]]:
+def _work_intervals(evs: Sequence[Event], opens: str, closes: Sequence[str]) -> list[tuple[int, int]]:
+    """(start, end) of each piece of work in one turn's events (sorted by time): an ``opens``
+    event to the first of ``closes`` after it.  A stage serves one piece at a time, so a new
+    ``opens`` while one is open means the earlier piece ended without output (a piece of text
+    with no words, which the voice skips): that one is dropped, not stretched to the next."""
     out = []
-    open_: list[int] = []
+    start: int | None = None
     for e in evs:
-        if e.name == "request":
-            open_.append(e.ts_ns)
-        elif e.name in ("done", "cancel") and open_:
-            out.append((open_.pop(0), e.ts_ns))
+        if e.name == opens:
+            start = e.ts_ns
+        elif e.name in closes and start is not None:
+            out.append((start, e.ts_ns))
+            start = None
     return out
+
+
+def _audio_s(evs: Iterable[Event]) -> float:
+    """Seconds of audio the events say they covered."""
+    total = 0.0
+    for e in evs:
+        a = e.args or {}
+        if "audio_s" in a:
+            total += float(a["audio_s"])
+        elif "samples" in a and ("sample_rate" in a or "sr" in a):
+            total += float(a["samples"]) / float(a.get("sample_rate", a.get("sr")))
+    return total
 
 
 def stage_stats(events: Iterable[Any], stages: Sequence[str] = MODEL_STAGES) -> list[dict]:
     """RTF, busy fraction and verdict per model stage (rules in the module doc)."""
     evs = sorted(_norm(events), key=lambda e: e.ts_ns)
-    has_gpu_counter = any(e.ph == "C" and e.name.startswith("gpu") for e in evs)
+    has_gpu_counter = any(
+        e.ph == "C" and e.stage == Stage.MEMORY and e.name in (Ev.GPU_MB, Ev.GPU_RESERVED_MB)
+        for e in evs
+    )
     out = []
     for stage in stages:
         sevs = [e for e in evs if e.stage == stage and e.ph != "C"]
         if not sevs:
             continue
+        by_turn: dict[Any, list[Event]] = defaultdict(list)
+        for e in sevs:
+            by_turn[(e.session, e.turn)].append(e)
         spans = [e for e in sevs if e.ph == "X"]
-        basis = "spans"
         if spans:
-            busy_iv = [(e.ts_ns, e.ts_ns + e.dur_ns) for e in spans]
+            busy_iv = [(e.ts_ns, e.end_ns) for e in spans]
+            basis = "spans"
+        elif stage in WORK_EVENTS:
+            opens, closes = WORK_EVENTS[stage]
+            busy_iv = [iv for g in by_turn.values() for iv in _work_intervals(g, opens, closes)]
+            basis = f"{opens}→{closes[0]}" if busy_iv else "none"
         else:
-            busy_iv = []
-            by_turn: dict[Any, list[Event]] = defaultdict(list)
-            for e in sevs:
-                by_turn[(e.session, e.turn)].append(e)
-            for g in by_turn.values():
-                busy_iv += _request_intervals(g)
-            basis = "request→done" if busy_iv else "none"
+            busy_iv, basis = [], "none"
         # window: per turn first → last event (spans included)
         win_iv = []
-        by_turn2: dict[Any, list[Event]] = defaultdict(list)
-        for e in sevs:
-            by_turn2[(e.session, e.turn)].append(e)
-        for (s, t), g in by_turn2.items():
+        for (s, t), g in by_turn.items():
             if t is None:
-                win_iv += [(e.ts_ns, e.ts_ns + e.dur_ns) for e in g]
+                win_iv += [(e.ts_ns, e.end_ns) for e in g]
             else:
-                win_iv.append((min(e.ts_ns for e in g), max(e.ts_ns + e.dur_ns for e in g)))
+                win_iv.append((min(e.ts_ns for e in g), max(e.end_ns for e in g)))
         busy = _union(busy_iv)
         window = max(_union(win_iv + busy_iv), 1)
-        audio_s = 0.0
-        for e in sevs:
-            a = e.args or {}
-            if "audio_s" in a:
-                audio_s += float(a["audio_s"])
-            elif "samples" in a and ("sample_rate" in a or "sr" in a):
-                audio_s += float(a["samples"]) / float(a.get("sample_rate", a.get("sr")))
+        # audio from the spans when they carry it, else from the instants (tts chunks): the
+        # two may describe the same audio, which must not count twice
+        audio_s = _audio_s(spans) or _audio_s(e for e in sevs if e.ph != "X")
         cpu_ns = sum(int(e.args.get("cpu_ns", 0)) for e in spans if e.args)
         has_cpu = any(e.args and "cpu_ns" in e.args for e in spans)
         gpu_busy = sum(int(e.args.get("gpu_busy_ns", 0)) for e in spans if e.args)
@@ -376,19 +398,50 @@ def stage_stats(events: Iterable[Any], stages: Sequence[str] = MODEL_STAGES) -> 
     return out
 
 
+# -------------------------------------------------------------------- memory
+def warmup_end_ns(events: Iterable[Any]) -> int | None:
+    """When the process is warm: the end of its first reply to the user (the first
+    ``turn.turn_end`` after the first ``asr.final``).  By then the recognizer, the LLM and the
+    voice have each run once, so their weights are paged in and their buffers allocated; a
+    greeting's turn end comes before any ASR and does not count.  None when the trace has no
+    such reply."""
+    first_final = None
+    for e in sorted(_norm(events), key=lambda e: e.ts_ns):
+        if e.ph == "C":
+            continue
+        if first_final is None and e.stage == Stage.ASR and e.name == Ev.FINAL:
+            first_final = e.ts_ns
+        elif first_final is not None and e.stage == Stage.TURN and e.name == Ev.TURN_END:
+            return e.ts_ns
+    return None
+
+
 def memory_trend(events: Iterable[Any]) -> dict[str, dict]:
-    """First/last/max and slope (MB/min) of each memory counter."""
+    """First/last/max of each memory counter, and its slope (MB/min) after warm-up.
+
+    Warm-up ends at :func:`warmup_end_ns`, or, in a trace without a reply to the user,
+    :data:`WARMUP_FALLBACK_S` after the counter's first sample.  The slope runs from the first
+    sample at or after it to the last sample (``trend_s`` seconds); it is None ("n/a") with
+    fewer than two samples there.  ``warmup_n`` counts the samples left out of it.
+    """
+    evs = _norm(events)
     series: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for e in _norm(events):
-        if e.ph == "C" and e.stage == "memory":
+    for e in evs:
+        if e.ph == "C" and e.stage == Stage.MEMORY:
             series[e.name].append((e.ts_ns, float(e.args.get("value", 0.0))))
+    warm = warmup_end_ns(evs) if series else None
     out = {}
     for name, pts in series.items():
         pts.sort()
-        (t0, v0), (t1, v1) = pts[0], pts[-1]
-        mins = (t1 - t0) / 60e9
-        out[name] = {"first": v0, "last": v1, "max": max(v for _, v in pts),
-                     "slope_mb_per_min": (v1 - v0) / mins if mins > 0 else 0.0, "n": len(pts)}
+        start = warm if warm is not None else pts[0][0] + int(WARMUP_FALLBACK_S * 1e9)
+        after = [p for p in pts if p[0] >= start]
+        slope = None
+        trend_s = (after[-1][0] - after[0][0]) / 1e9 if after else 0.0
+        if len(after) >= 2 and trend_s > 0:
+            slope = (after[-1][1] - after[0][1]) / (trend_s / 60.0)
+        out[name] = {"first": pts[0][1], "last": pts[-1][1], "max": max(v for _, v in pts),
+                     "slope_mb_per_min": slope, "trend_s": trend_s, "n": len(pts),
+                     "warmup_n": len(pts) - len(after)}
     return out
 
 
@@ -431,9 +484,11 @@ def format_stages(stats: Sequence[dict], mem: dict[str, dict]) -> str:
             f"{s['window_s']:>9.3f} {s['busy_frac']:>6.0%}  {s['verdict']} ({s['why']})"
         )
     for name, m in sorted(mem.items()):
+        slope = m["slope_mb_per_min"]
+        trend = "n/a" if slope is None else f"{slope:+.2f} MB/min over {m['trend_s']:.1f} s"
         lines.append(f"memory {name}: first {m['first']:.1f}, last {m['last']:.1f}, "
-                     f"max {m['max']:.1f}, trend {m['slope_mb_per_min']:+.2f} MB/min "
-                     f"({m['n']} samples)")
+                     f"max {m['max']:.1f}, trend {trend} after warm-up "
+                     f"({m['n']} samples, {m['warmup_n']} of them warm-up)")
     return "\n".join(lines)
 
 
@@ -477,7 +532,8 @@ def write_waterfalls(events: Iterable[Any], out_dir: str, rows: Sequence[dict] |
         ax.text(r["total_ms"], y, f" {r['total_ms']:.0f} ms", va="center", fontsize=8)
         labels.append("total")
         y += 1
-        stage_rows = [s for s in ("vad", "asr", "llm", "tts", "transport", "client", "speculation")
+        stage_rows = [s for s in (Stage.VAD, Stage.ASR, Stage.LLM, Stage.TTS, Stage.TRANSPORT,
+                                   Stage.CLIENT, Stage.SPECULATION)
                       if any(e.stage == s for e in tevs)]
         for s in stage_rows:
             for e in tevs:
@@ -542,79 +598,79 @@ def simulate_turns(
         flow = turn if turn in explicit_flow_turns else None
         speech = rng.randint(800, 2000) * MS
         ts = t
-        tr.instant("vad", "speech", turn, ts_ns=ts)
-        tr.instant("turn", "user_speech_start", turn, ts_ns=ts)
+        tr.instant(Stage.VAD, Ev.SPEECH, turn, ts_ns=ts)
+        tr.instant(Stage.TURN, Ev.USER_SPEECH_START, turn, ts_ns=ts)
         step = 80 * MS
         k = 0
         last_partial = None
         while ts + (k + 1) * step <= t + speech + 160 * MS:
             s0 = ts + k * step
-            tr.complete("asr", "step", s0 + 2 * MS, rng.randint(8, 20) * MS, turn, audio_s=0.08)
+            tr.complete(Stage.ASR, Ev.STEP, s0 + 2 * MS, rng.randint(8, 20) * MS, turn, audio_s=0.08)
             if k % 2 == 1 and s0 < t + speech:
                 last_partial = s0 + 20 * MS
-                tr.instant("asr", "partial", turn, ts_ns=last_partial, text=f"w{k}")
+                tr.instant(Stage.ASR, Ev.PARTIAL, turn, ts_ns=last_partial, text=f"w{k}")
             if k % 2 == 0:
-                tr.instant("audio_in", "frame", turn, ts_ns=s0, n=k)
+                tr.instant(Stage.AUDIO_IN, Ev.FRAME, turn, ts_ns=s0, n=k)
             k += 1
         end = t + speech
-        tr.instant("turn", "user_speech_end", turn, ts_ns=end)
-        tr.instant("vad", "silence", turn, ts_ns=end + 60 * MS)
+        tr.instant(Stage.TURN, Ev.USER_SPEECH_END, turn, ts_ns=end)
+        tr.instant(Stage.VAD, Ev.SILENCE, turn, ts_ns=end + 60 * MS)
         endpoint = end + rng.randint(150, 400) * MS
         final = endpoint + rng.randint(10, 120) * MS  # recognizer flushed at the endpoint
         if turn in speculative_turns:
             # branch 1 cancelled, branch 2 (from the last partial) committed
             sp1 = (last_partial or end) - 200 * MS
-            tr.instant("speculation", "start", turn, ts_ns=sp1, branch=1)
-            tr.instant("llm", "request", turn, ts_ns=sp1 + MS, branch=1)
-            tr.instant("llm", "first_token", turn, ts_ns=sp1 + 150 * MS, branch=1)
-            tr.instant("llm", "cancel", turn, ts_ns=sp1 + 190 * MS, branch=1)
-            tr.instant("speculation", "cancel", turn, ts_ns=sp1 + 190 * MS, branch=1)
+            tr.instant(Stage.SPECULATION, Ev.START, turn, ts_ns=sp1, branch=1)
+            tr.instant(Stage.LLM, Ev.REQUEST, turn, ts_ns=sp1 + MS, branch=1)
+            tr.instant(Stage.LLM, Ev.FIRST_TOKEN, turn, ts_ns=sp1 + 150 * MS, branch=1)
+            tr.instant(Stage.LLM, Ev.CANCEL, turn, ts_ns=sp1 + 190 * MS, branch=1)
+            tr.instant(Stage.SPECULATION, Ev.CANCEL, turn, ts_ns=sp1 + 190 * MS, branch=1)
             req = end + 20 * MS
-            tr.instant("speculation", "start", turn, ts_ns=req - MS, branch=2)
+            tr.instant(Stage.SPECULATION, Ev.START, turn, ts_ns=req - MS, branch=2)
         else:
             req = max(final, endpoint) + 2 * MS
-        tr.instant("asr", "final", turn, ts_ns=final, flow=flow, text="hello there")
-        tr.instant("turn", "endpoint", turn, ts_ns=endpoint, prob=0.9)
+        tr.instant(Stage.ASR, Ev.FINAL, turn, ts_ns=final, flow=flow, text="hello there")
+        tr.instant(Stage.TURN, Ev.ENDPOINT, turn, ts_ns=endpoint, prob=0.9)
         if turn in speculative_turns:
-            tr.instant("speculation", "commit", turn, ts_ns=endpoint + MS, branch=2)
-        tr.instant("llm", "request", turn, ts_ns=req, flow=flow, model="smollm2")
+            tr.instant(Stage.SPECULATION, Ev.COMMIT, turn, ts_ns=endpoint + MS, branch=2)
+        tr.instant(Stage.LLM, Ev.REQUEST, turn, ts_ns=req, flow=flow, model="smollm2")
         ft = req + rng.randint(120, 300) * MS
-        tr.instant("llm", "first_token", turn, ts_ns=ft, flow=flow)
+        tr.instant(Stage.LLM, Ev.FIRST_TOKEN, turn, ts_ns=ft, flow=flow)
         n_tok = rng.randint(15, 30)
         tok_t = ft
         for i in range(n_tok):
             tok_t = ft + i * 20 * MS
-            tr.instant("llm", "token", turn, ts_ns=tok_t, text=f"t{i}")
-        tr.instant("llm", "done", turn, ts_ns=tok_t + 5 * MS, tokens=n_tok)
+            tr.instant(Stage.LLM, Ev.TOKEN, turn, ts_ns=tok_t, text=f"t{i}")
+        tr.instant(Stage.LLM, Ev.DONE, turn, ts_ns=tok_t + 5 * MS, tokens=n_tok)
         treq = ft + 5 * 20 * MS
-        tr.instant("tts", "request", turn, ts_ns=treq, flow=flow, text="Hello, how can I help?")
+        tr.instant(Stage.TTS, Ev.REQUEST, turn, ts_ns=treq, flow=flow, text="Hello, how can I help?")
         fc = treq + rng.randint(60, 150) * MS
-        tr.complete("tts", "synth", treq + MS, fc - treq - MS, turn, samples=8000, sample_rate=16000)
-        tr.instant("tts", "first_chunk", turn, ts_ns=fc)
+        tr.complete(Stage.TTS, Ev.SYNTH, treq + MS, fc - treq - MS, turn, samples=8000, sample_rate=16000)
+        tr.instant(Stage.TTS, Ev.FIRST_CHUNK, turn, ts_ns=fc)
         send = fc + rng.randint(1, 5) * MS
         n_chunks = 4
         for c in range(n_chunks):
             ct = fc + c * 250 * MS
             if c:
-                tr.complete("tts", "synth", ct - 100 * MS, 90 * MS, turn, samples=8000,
+                tr.complete(Stage.TTS, Ev.SYNTH, ct - 100 * MS, 90 * MS, turn, samples=8000,
                             sample_rate=16000)
-            tr.instant("tts", "chunk", turn, ts_ns=ct, samples=8000, text=f"c{c}")
-            tr.instant("transport", "send_audio", turn, ts_ns=send + c * 250 * MS,
+            tr.instant(Stage.TTS, Ev.CHUNK, turn, ts_ns=ct, samples=8000, text=f"c{c}")
+            tr.instant(Stage.TRANSPORT, Ev.SEND_AUDIO, turn, ts_ns=send + c * 250 * MS,
                        flow=flow if c == 0 else None, bytes=16000)
-        tr.instant("tts", "done", turn, ts_ns=fc + (n_chunks - 1) * 250 * MS + MS)
+        tr.instant(Stage.TTS, Ev.DONE, turn, ts_ns=fc + (n_chunks - 1) * 250 * MS + MS)
         if turn in barge_in_turns:
             b = send + 400 * MS
-            tr.instant("turn", "barge_in", turn, ts_ns=b)
-            tr.instant("transport", "clear", turn, ts_ns=b + MS)
-            tr.instant("tts", "cancel", turn, ts_ns=b + MS)
+            tr.instant(Stage.TURN, Ev.BARGE_IN, turn, ts_ns=b)
+            tr.instant(Stage.TRANSPORT, Ev.CLEAR, turn, ts_ns=b + MS)
+            tr.instant(Stage.TTS, Ev.CANCEL, turn, ts_ns=b + MS)
         play = send + rng.randint(20, 80) * MS
         if client:
-            tr.instant("client", "playout_start", turn, ts_ns=play, flow=flow)
-            tr.instant("client", "playout_end", turn, ts_ns=play + n_chunks * 500 * MS)
+            tr.instant(Stage.CLIENT, Ev.PLAYOUT_START, turn, ts_ns=play, flow=flow)
+            tr.instant(Stage.CLIENT, Ev.PLAYOUT_END, turn, ts_ns=play + n_chunks * 500 * MS)
         t_end = play + n_chunks * 500 * MS + 10 * MS
-        tr.instant("turn", "turn_end", turn, ts_ns=t_end)
+        tr.instant(Stage.TURN, Ev.TURN_END, turn, ts_ns=t_end)
         if memory:
-            tr.counter("rss_mb", 300.0 + turn * 0.5, ts_ns=t_end)
+            tr.counter(Ev.RSS_MB, 300.0 + turn * 0.5, ts_ns=t_end)
         t = t_end + rng.randint(300, 1500) * MS
     return t
 

@@ -6,6 +6,7 @@ import pytest
 
 from agent.bench_latency import ScriptLine, main, match_turns, speech_end_offset
 from agent.records import TurnRecord
+from agent.stages import STAGE_KEYS
 from helpers import DEV, flite_available
 
 
@@ -36,9 +37,22 @@ def test_each_input_gets_the_record_ending_nearest_its_exact_end():
     assert rows[0]["endpoint_ms"] == pytest.approx(600.0)
     assert rows[0]["vad_end_error_ms"] == pytest.approx(50.0)
     assert rows[1]["voice_to_voice_ms"] == pytest.approx(1400.0)
-    assert [rows[1][k] for k in ("endpoint_ms", "asr_final_ms", "llm_ttft_ms", "tts_first_chunk_ms",
-                                 "to_audio_out_ms")] == pytest.approx([500.0, 500.0, 100.0, 200.0, 100.0])
+    assert [rows[1][k] for k in STAGE_KEYS] == pytest.approx([500.0, 500.0, 100.0, 200.0, 100.0])
     assert match_turns(script, starts, t0, [early])[1]["voice_to_voice_ms"] is None
+
+
+def test_a_committed_speculative_turn_has_no_negative_stage():
+    """The LLM started on a partial transcript: its first token came before the endpoint and
+    the final. That stage reads 0 (it used to read -200 ms) and the stages add up to v2v."""
+    t0 = 1000.0
+    script = [ScriptLine("a", "", np.zeros(1), 2.0)]
+    rec = TurnRecord(0, speech_end=t0 + 2.02, endpoint=t0 + 2.4, asr_final=t0 + 2.45,
+                     llm_first_token=t0 + 2.25, tts_first_chunk=t0 + 2.6, first_audio_out=t0 + 2.62,
+                     speculative=True)
+    (row,) = match_turns(script, [0.0], t0, [rec])
+    stages = [row[k] for k in STAGE_KEYS]
+    assert stages == pytest.approx([400.0, 50.0, 0.0, 150.0, 20.0])
+    assert sum(stages) == pytest.approx(row["voice_to_voice_ms"]) == pytest.approx(620.0)
 
 
 @pytest.mark.models

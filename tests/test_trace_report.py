@@ -5,12 +5,14 @@ import struct
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent.trace import Event, Tracer
+from agent.trace import Ev, Event, Stage, Tracer
 from agent.trace_export import write_jsonl, write_perfetto
 from agent.trace_report import (
     COLUMNS,
+    format_stages,
     format_table,
     main,
+    memory_trend,
     percentiles,
     simulate_turns,
     stage_stats,
@@ -202,3 +204,107 @@ def test_a_greeting_turn_stays_out_of_the_voice_to_voice_percentiles():
     assert percentiles(rows)["total_ms"]["n"] == len(users) == 2
     assert percentiles(rows)["total_ms"]["p50"] == pytest.approx(sorted(users)[0] + (sorted(users)[1] - sorted(users)[0]) / 2)
     assert "9~" in format_table(rows)
+
+
+# ---- true verdicts: the voice's busy time, memory after warm-up -------------------------------
+VOICE_RATE = 22050
+
+
+def _voice_turn(tr, turn, t, gaps_ms, synth_ms=80, chunk_s=1.0):
+    """A turn of the voice as the session traces it (no spans): each piece of LLM text is a
+    tts request, its audio a chunk `synth_ms` later; then the voice waits `gaps_ms[i]` for the
+    LLM's next words. Returns the time of the last event."""
+    tr.instant(Stage.TTS, Ev.REQUEST, turn, ts_ns=t, text="w0")
+    for i in range(len(gaps_ms) + 1):
+        if i:
+            t += gaps_ms[i - 1] * MS
+            tr.instant(Stage.TTS, Ev.REQUEST, turn, ts_ns=t, text=f"w{i}")
+        t += synth_ms * MS
+        if i == 0:
+            tr.instant(Stage.TTS, Ev.FIRST_CHUNK, turn, ts_ns=t)
+        tr.instant(Stage.TTS, Ev.CHUNK, turn, ts_ns=t, samples=int(chunk_s * VOICE_RATE),
+                   sample_rate=VOICE_RATE, text=f"w{i}")
+    tr.instant(Stage.TTS, Ev.DONE, turn, ts_ns=t)
+    return t
+
+
+def _tts(tr):
+    return {s["stage"]: s for s in stage_stats(tr.events())}[Stage.TTS]
+
+
+def test_tts_rtf_counts_synthesis_not_the_wait_for_llm_text():
+    """The issue's two-turn run: Piper synthesizes 1 s of audio in 80 ms (RTF 0.08) and waits
+    1.12 s for the LLM between pieces. request → done would read RTF 0.92, busy 100%, CPU-bound."""
+    tr = Tracer("run")
+    end = _voice_turn(tr, 0, 10_000 * MS, gaps_ms=[1120] * 3)
+    _voice_turn(tr, 1, end + 5000 * MS, gaps_ms=[1120] * 3)
+    s = _tts(tr)
+    assert s["window_s"] / s["audio_s"] == pytest.approx(0.92)  # what the old report called RTF
+    assert s["busy_basis"] == "request→chunk" and s["rtf_basis"] == "audio"
+    assert s["busy_s"] == pytest.approx(8 * 0.080)
+    assert s["rtf"] == pytest.approx(0.08)
+    assert s["busy_frac"] == pytest.approx(0.32 / 3.68)
+    assert s["verdict"] == "waiting" and s["why"] == "busy 9% of window"
+
+
+def test_tts_busy_back_to_back_is_cpu_bound_and_a_skipped_piece_is_not_busy():
+    # the voice never waits (e.g. waterfall: the whole answer is there): CPU-bound, truly
+    tr = Tracer("w")
+    _voice_turn(tr, 0, 10_000 * MS, gaps_ms=[0, 0, 0])
+    s = _tts(tr)
+    assert s["verdict"] == "CPU-bound" and s["busy_frac"] == pytest.approx(1.0)
+    assert s["rtf"] == pytest.approx(0.08)
+    # a piece with no words (the voice skips it: no chunk) does not stretch into the wait for
+    # the next piece
+    tr = Tracer("skip")
+    t = 10_000 * MS
+    tr.instant(Stage.TTS, Ev.REQUEST, 0, ts_ns=t, text="...")
+    _voice_turn(tr, 0, t + 2000 * MS, gaps_ms=[])
+    assert _tts(tr)["busy_s"] == pytest.approx(0.080)
+
+
+def _rss(tr, t0, seconds, value, every_s=0.5):
+    for k in range(int(seconds / every_s) + 1):
+        t = k * every_s
+        tr.counter(Ev.RSS_MB, value(t) + ((k % 3) - 1) * 0.2, ts_ns=t0 + int(t * 1e9))
+
+
+def _loading(t):
+    """Model pages faulted in and buffers allocated on first use: +930 MB over the first 4 s."""
+    return 300.0 + 930.0 * min(t / 4.0, 1.0)
+
+
+def test_memory_trend_leaves_out_the_warm_up():
+    t0 = 10_000 * MS
+    tr = Tracer("run")
+    tr.instant(Stage.TURN, Ev.TURN_END, 0, ts_ns=t0 + 1000 * MS)  # a greeting: no ASR yet
+    tr.instant(Stage.ASR, Ev.FINAL, 1, ts_ns=t0 + 2000 * MS, text="hi")
+    tr.instant(Stage.TURN, Ev.TURN_END, 1, ts_ns=t0 + 5000 * MS)  # first reply to the user: warm
+    _rss(tr, t0, 60, _loading)
+    m = memory_trend(tr.events())[Ev.RSS_MB]
+    assert (m["last"] - m["first"]) == pytest.approx(930, abs=1)  # the old trend: +930 MB/min
+    assert m["slope_mb_per_min"] == pytest.approx(0.0, abs=0.5)
+    assert m["warmup_n"] == 10 and m["n"] == 121  # samples before 5 s
+    assert "MB/min over 55.0 s after warm-up (121 samples, 10 of them warm-up)" in format_stages(
+        [], {Ev.RSS_MB: m})
+
+
+def test_memory_growth_after_warm_up_is_still_reported():
+    t0 = 10_000 * MS
+    tr = Tracer("leak")
+    tr.instant(Stage.ASR, Ev.FINAL, 0, ts_ns=t0 + 2000 * MS, text="hi")
+    tr.instant(Stage.TURN, Ev.TURN_END, 0, ts_ns=t0 + 5000 * MS)
+    _rss(tr, t0, 65, lambda t: _loading(t) + 10.0 * max(0.0, t - 5.0) / 60.0)  # +10 MB/min
+    assert memory_trend(tr.events())[Ev.RSS_MB]["slope_mb_per_min"] == pytest.approx(10.0, abs=0.5)
+
+
+def test_memory_trend_without_a_reply_skips_the_first_seconds():
+    t0 = 10_000 * MS
+    tr = Tracer("idle")
+    _rss(tr, t0, 60, _loading)  # no turn at all: warm-up is the first WARMUP_FALLBACK_S
+    assert memory_trend(tr.events())[Ev.RSS_MB]["slope_mb_per_min"] == pytest.approx(0.0, abs=0.5)
+    tr = Tracer("short")
+    _rss(tr, t0, 8, _loading)  # nothing after warm-up: no trend rather than a made-up one
+    m = memory_trend(tr.events())[Ev.RSS_MB]
+    assert m["slope_mb_per_min"] is None and m["warmup_n"] == m["n"]
+    assert "trend n/a after warm-up" in format_stages([], {Ev.RSS_MB: m})
