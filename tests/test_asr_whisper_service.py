@@ -226,3 +226,22 @@ async def test_injected_vad_that_hears_nothing_gives_no_words_but_the_marker():
         with pytest.raises(Exception, match="no free slot"):
             await service.open_session()
         await s.close()
+
+
+async def test_asr_serve_with_no_model_gives_words():
+    """What a newcomer runs: `duplex asr-serve` with no --model, as a process; a clip streamed to it
+    comes back as its words (the embedded Whisper), not the random engine's noise."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agent.cli", "asr-serve", "--port", "0", "--slots", "1",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        async with asyncio.timeout(120):  # until it prints its bound address
+            while not (m := re.search(rb"asr-serve: (.*) on (ws://\S+)", line := await proc.stdout.readline())):
+                assert line, "asr-serve exited before serving"
+        assert b"whisper-tiny.en" in m.group(1) and b"RANDOM" not in m.group(1).upper()
+        words, _ = await transcribe(m.group(2).decode(), clip_24k("goforward.wav"), 1)
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 30)
+    hyp = " ".join(w["text"] for w in words if w["type"] == "Word")
+    assert wer([reference("goforward.wav")], [hyp]) <= 0.25, hyp

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from doubles import EnergyVAD
 from helpers import say, silence
 
 pytestmark = pytest.mark.models
@@ -19,25 +20,10 @@ def rumble(seconds: float) -> np.ndarray:
     return (x - x.mean()).astype(np.float32)
 
 
-class EnergyVAD:
-    """A frame is speech when its RMS exceeds a threshold (same interface as asr.vad.SileroStream)."""
-
-    def __init__(self, threshold: float = 0.02):
-        self.threshold = threshold
-        self._pending = np.zeros(0, dtype=np.float32)
-
-    def __call__(self, pcm):
-        buf = np.concatenate([self._pending, pcm])
-        n = buf.size // 512
-        frames = buf[:n * 512].reshape(n, 512)
-        self._pending = buf[n * 512:]
-        return [1.0 if np.sqrt(np.mean(f ** 2)) > self.threshold else 0.0 for f in frames]
-
-
 def test_noise_interrupts_then_the_bot_resumes(tmp_path):
     from agent.models import load_models
     from agent.session import Session, SessionConfig
-    from agent.trace import Tracer
+    from agent.trace import Ev, Stage, Tracer
     from transport.wavfile import ScriptedTurn, WavConversationTransport
 
     story = np.concatenate([silence(0.4), say("Please tell me a long story about a brave little dragon.",
@@ -55,11 +41,11 @@ def test_noise_interrupts_then_the_bot_resumes(tmp_path):
     transport.close()
 
     names = [(e.stage, e.name) for e in tracer.events()]
-    assert ("turn", "barge_in") in names, "the rumble did not interrupt the bot"
-    assert ("turn", "resume") in names, "the bot did not resume after a wordless interruption"
+    assert (Stage.TURN, Ev.BARGE_IN) in names, "the rumble did not interrupt the bot"
+    assert (Stage.TURN, Ev.RESUME) in names, "the bot did not resume after a wordless interruption"
     first = session.records[0]
     assert first.interrupted and first.heard_text
-    resume = next(e for e in tracer.events() if e.name == "resume")
+    resume = next(e for e in tracer.events() if e.name == Ev.RESUME)
     rest = resume.args["text"]
     assert rest and rest in first.reply_text, "the resumed text is not the rest of the reply"
     # the history holds the exchange once: what was heard before the cut clause, then the rest
