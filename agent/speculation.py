@@ -1,9 +1,7 @@
-"""Speculative replies: a branch (LLM + TTS started on the transcript at a pause, audio held
-back) that is committed when the final transcript matches it, or cancelled. At most one branch
-lives at a time (the session enforces it); its cost is counted, because speculation is not free."""
+"""Speculation's vocabulary: when a final transcript confirms a guess, and what guesses cost.
+(The branch itself is a speculative `agent.reply.Reply`, held by `agent.replies.Replies`.)"""
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 from asr.wer import normalize
@@ -12,17 +10,6 @@ from asr.wer import normalize
 def same_transcript(a: str, b: str) -> bool:
     """Equal after normalisation (case, punctuation, number spelling)."""
     return normalize(a) == normalize(b)
-
-
-@dataclass
-class Branch:
-    transcript: str
-    task: asyncio.Task
-    gate: asyncio.Event  # set on commit: the held audio plays
-    record: object  # the TurnRecord the branch fills in
-
-    def tts_seconds(self) -> float:
-        return float(getattr(self.record, "tts_samples", 0.0))
 
 
 @dataclass
