@@ -171,3 +171,25 @@ def _pcm(value, max_samples: int) -> np.ndarray:
     if not np.isfinite(pcm).all():
         raise ProtocolError("Audio 'pcm' holds NaN or infinite (or float32-overflowing) samples")
     return pcm
+
+
+def parse_server(d: dict) -> ServerMessage | None:
+    """A decoded server map (`decode_server`) as a typed message; None for a type this client does
+    not know (newer servers may add some). Raises ProtocolError on a known type with bad fields."""
+    kind = d.get("type")
+    try:
+        if kind == "Ready":
+            return Ready()
+        if kind == "Word":
+            return Word(str(d["text"]), float(d["start_time"]))
+        if kind == "EndWord":
+            return EndWord(float(d["stop_time"]))
+        if kind == "Step":
+            return Step(int(d.get("step_idx", 0)), tuple(float(p) for p in d.get("prs") or ()))
+        if kind == "Marker":
+            return MarkerReply(int(d["id"]))
+        if kind == "Error":
+            return Error(str(d.get("message", "")))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolError(f"bad {kind} message from the server: {type(e).__name__} {e}") from None
+    return None

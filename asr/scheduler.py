@@ -207,8 +207,10 @@ class EngineSession(BufferedSession):
         self._sched._wake.set()
 
     async def mark(self, marker_id: int) -> None:
-        frames_ahead = -(-self._len // self._sched.frame_size)
-        self._add_marker(self.frames_done + frames_ahead + self._sched.model.asr_delay_frames, marker_id)
+        # every frame received so far, the one a step in flight holds included (frames_done does
+        # not count it yet, and the buffer no longer has it)
+        frames = -(-self._received // self._sched.frame_size)
+        self._add_marker(frames + self._sched.model.asr_delay_frames, marker_id)
 
     async def flush(self) -> None:
         frame = self._sched.frame_size
@@ -308,6 +310,7 @@ class EngineScheduler(ServiceShell):
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="asr-engine")
         self.ticks = 0
         self.step_seconds: deque[float] = deque(maxlen=4096)  # recent step durations
+        self.active_rows: deque[int] = deque(maxlen=4096)  # rows stepped per recent tick: batching achieved
 
     @property
     def batch_size(self) -> int:
@@ -375,13 +378,15 @@ class EngineScheduler(ServiceShell):
             active, reset, dispatched = self._gather()
             if not dispatched:
                 self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=0.25)
-                except TimeoutError:
-                    pass
+                # not wait_for: on Python 3.11 it swallows a cancel that lands as the event is set
+                # (close() then stop()), and stop() would wait for this loop forever
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.25):
+                        await self._wake.wait()
                 continue
             tokens = await loop.run_in_executor(self._executor, self._timed_step, active, reset)
             self.ticks += 1
+            self.active_rows.append(len(dispatched))
             for slot, s, gen in dispatched:
                 if self._owner[slot] is s and self._gen[slot] == gen and not s.closed:
                     s._on_token(int(tokens[slot]), s.frames_done + 1)

@@ -99,7 +99,7 @@ def wait_until(condition, timeout: float, every: float = 0.05) -> bool:
     return bool(met)
 
 
-async def await_until(condition, timeout: float, every: float = 0.01) -> bool:
+async def await_until(condition, timeout: float = 30.0, every: float = 0.01) -> bool:
     """`wait_until` for a test on the event loop: polls without blocking it."""
     import asyncio
 
