@@ -6,11 +6,14 @@ Mimi codec), so anything transformers can load works here:
   directory holding such a checkpoint; the bare ids `kyutai/stt-1b-en_fr` / `kyutai/stt-2.6b-en`
   (moshi-format repos) are mapped to their `-trfs` twins;
 - `tiny_random(seed)`: a tiny seeded random model for tests and CPU benchmarks. Its output is
-  noise, not speech recognition.
+  noise, not speech recognition. `python -m asr.kyutai --save-tiny DIR` writes the same model as
+  a transformers checkpoint (config, weights, processor with a generated tokenizer), so that it
+  goes through exactly the `from_pretrained` path a hub id takes, offline.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass, field
 from typing import Callable
@@ -31,6 +34,9 @@ _TRFS_ALIASES = {
 }
 # Known ASR delays (in 80 ms frames) when the checkpoint's feature extractor does not say.
 _DEFAULT_DELAY = {"kyutai/stt-1b-en_fr-trfs": 6, "kyutai/stt-2.6b-en-trfs": 31}
+TINY_DELAY_FRAMES = 2  # the ASR delay the tiny random model is run with
+# Config attribute that marks a checkpoint written by `save_tiny`, so loading it says "random".
+TINY_SEED_KEY = "duplex_tiny_random_seed"
 
 
 @dataclass
@@ -97,14 +103,47 @@ def engine_from_hf(model, batch_size: int, device: str | torch.device = "cpu",
                            tune_convs=tune_convs)
 
 
+def _tiny_token(i: int) -> str:
+    return f"<{i}>"  # the tiny model's "text": its token ids, visibly not words
+
+
+def _random_label(seed: int) -> str:
+    return f"tiny-random(seed={seed}) - NOT A SPEECH MODEL"
+
+
 def tiny_random(batch_size: int, seed: int = 0, device: str = "cpu", keep_hf: bool = False,
                 compile: bool = False, tune_convs: bool = False, **shape) -> LoadedModel:
     """Tiny random model, labelled as such: for tests and CPU benchmarks only."""
     model = tiny_hf_model(seed, **shape)
     engine = engine_from_hf(model, batch_size, device=device, compile=compile, tune_convs=tune_convs)
-    return LoadedModel(engine=engine, asr_delay_frames=2, decode=lambda ids: "".join(f"<{i}>" for i in ids),
-                       name=f"tiny-random(seed={seed}) - NOT A SPEECH MODEL", is_random=True,
-                       hf_model=model if keep_hf else None)
+    return LoadedModel(engine=engine, asr_delay_frames=TINY_DELAY_FRAMES,
+                       decode=lambda ids: "".join(_tiny_token(i) for i in ids),
+                       name=_random_label(seed), is_random=True, hf_model=model if keep_hf else None)
+
+
+def tiny_processor(vocab_size: int):
+    """A Kyutai STT processor for the tiny model, made here (no download): a word-level tokenizer
+    whose token i is `<i>`, fused without spaces on decode, so `decode` gives what
+    `tiny_random`'s does; the feature extractor carries the tiny model's ASR delay."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import (KyutaiSpeechToTextFeatureExtractor, KyutaiSpeechToTextProcessor,
+                              PreTrainedTokenizerFast)
+
+    tok = Tokenizer(models.WordLevel({_tiny_token(i): i for i in range(vocab_size)}, unk_token=_tiny_token(1)))
+    tok.decoder = decoders.Fuse()
+    features = KyutaiSpeechToTextFeatureExtractor(sampling_rate=SAMPLE_RATE,
+                                                  audio_delay_seconds=TINY_DELAY_FRAMES / FRAME_RATE)
+    return KyutaiSpeechToTextProcessor(features, PreTrainedTokenizerFast(tokenizer_object=tok))
+
+
+def save_tiny(directory: str | os.PathLike, seed: int = 0, **shape) -> str:
+    """Write `tiny_random(seed, **shape)`'s model as a transformers checkpoint (`save_pretrained`:
+    config, safetensors weights, processor); `from_pretrained(directory, ...)` loads it offline."""
+    model = tiny_hf_model(seed, **shape)
+    setattr(model.config, TINY_SEED_KEY, seed)
+    model.save_pretrained(directory)
+    tiny_processor(model.config.vocab_size).save_pretrained(directory)
+    return str(directory)
 
 
 def from_pretrained(name_or_dir: str, batch_size: int, device: str = "cuda",
@@ -127,9 +166,11 @@ def from_pretrained(name_or_dir: str, batch_size: int, device: str = "cuda",
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True).strip()
 
+    seed = getattr(model.config, TINY_SEED_KEY, None)  # written by save_tiny: random weights
     del model
+    label = os.path.basename(name.rstrip("/"))
     return LoadedModel(engine=engine, asr_delay_frames=asr_delay_frames, decode=decode,
-                       name=os.path.basename(name.rstrip("/")))
+                       name=label if seed is None else f"{label}: {_random_label(seed)}", is_random=seed is not None)
 
 
 @dataclass(frozen=True)
@@ -177,3 +218,21 @@ class WordAssembler:
                 self._unended = False
             self._last_stop = stop
         return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m asr.kyutai", description="Kyutai STT checkpoint tools.")
+    p.add_argument("--save-tiny", metavar="DIR", required=True,
+                   help="write the tiny RANDOM Kyutai STT model (not a speech model) as a transformers "
+                        "checkpoint in DIR; `duplex asr-serve --model DIR` serves it")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    print(f"wrote {save_tiny(args.save_tiny, seed=args.seed)}: {_random_label(args.seed)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -10,6 +10,10 @@ Modes:
   times its Mimi convs' paths first, as `asr-serve` does (`--no-tune-convs`: oneDNN for all).
 - `--memory`: RSS over a synthetic one-hour stream (45,000 engine steps), then over a client
   flooding an in-process server at 10x real time.
+- `--scheduler`: for each N of `--sizes` (1, 4, 16), N conversations fed straight into the
+  in-process `EngineScheduler`'s sessions (no sockets) at real time: step time, rows stepped
+  per tick (how much batching the tick loop gets from conversations that arrive on their own
+  clocks), the engine's real-time factor and each frame's latency to its Step.
 Figures are printed; nothing here asserts speed.
 """
 
@@ -147,8 +151,9 @@ async def load_test(args) -> int:
         from asr.server import PATH, AsrServer
 
         tune = args.tune_convs
-        loaded = (from_pretrained(args.model, args.clients, device=args.device, tune_convs=tune) if args.model
-                  else tiny_random(args.clients, device=args.device, tune_convs=tune))
+        loaded = (from_pretrained(args.model, args.clients, device=args.device, tune_convs=tune)
+                  if args.model not in (None, "tiny-random") else tiny_random(args.clients, device=args.device,
+                                                                              tune_convs=tune))
         print(f"in-process server: {loaded.name}, {args.clients} slots on {args.device}")
         scheduler = EngineScheduler(loaded, SchedulerConfig())
         server = AsrServer(scheduler)
@@ -191,10 +196,126 @@ async def load_test(args) -> int:
             print(f"WER={wer(refs[:len(hyps)], hyps):.3f} CER={cer(refs[:len(hyps)], hyps):.3f}")
     if scheduler is not None and scheduler.step_seconds:
         st = list(scheduler.step_seconds)
-        print(f"engine step ms: p50={pct(st, 50) * 1e3:.2f} p99={pct(st, 99) * 1e3:.2f} ticks={scheduler.ticks}")
+        rows = list(scheduler.active_rows)
+        print(f"engine step ms: p50={pct(st, 50) * 1e3:.2f} p99={pct(st, 99) * 1e3:.2f} ticks={scheduler.ticks} "
+              f"rows/step={np.mean(rows):.2f} all-{args.clients}={np.mean([r == args.clients for r in rows]):.2f}")
     print("memory over time:", ", ".join(f"{t:.0f}s {m}" for t, m in mem[:: max(1, len(mem) // 12)]))
     del torch
     return 0 if not errors else 1
+
+
+# ---- in-process scheduler at real time -----------------------------------------------------
+@dataclass
+class SchedulerRun:
+    """One `--scheduler` run of N conversations: what the tick loop did, and when Steps came."""
+
+    n: int
+    audio_s: float
+    step_seconds: list[float]
+    active_rows: list[int]
+    frame_latencies: list[float]  # Step arrival - the moment its frame was due (paced runs only)
+
+    @property
+    def rtf(self) -> float:
+        """Engine busy time over audio time, all N streams together: below 1 it keeps up."""
+        return sum(self.step_seconds) / self.audio_s
+
+    @property
+    def all_active(self) -> float:
+        return float(np.mean([r == self.n for r in self.active_rows])) if self.active_rows else float("nan")
+
+
+async def _conversation(sched, pcm: np.ndarray, t0: float, offset: float, speed: float,
+                        latencies: list[float]) -> None:
+    """Feed whole frames as a microphone would deliver them, flush, and read until the last Step."""
+    from asr.moshi_protocol import Step
+
+    session = await sched.open_session()
+    frames = pcm.size // FRAME
+    last_step = frames + sched.model.asr_delay_frames + sched.config.flush_extra_frames
+
+    def due(k: int) -> float:  # when frame k (1-based) has been spoken
+        return t0 + offset + k * FRAME / SR / speed
+
+    async def read() -> None:
+        while True:
+            msgs = await session.messages()
+            if not msgs:
+                raise RuntimeError(f"session closed early: {session.closed_reason}")
+            now = time.perf_counter()
+            for m in msgs:
+                if isinstance(m, Step):
+                    if speed > 0 and m.step_idx <= frames:
+                        latencies.append(now - due(m.step_idx))
+                    if m.step_idx >= last_step:
+                        return
+
+    reader = asyncio.create_task(read())
+    try:
+        for k in range(1, frames + 1):
+            if speed > 0:
+                await asyncio.sleep(max(0.0, due(k) - time.perf_counter()))
+            await session.feed(pcm[(k - 1) * FRAME:k * FRAME])
+        await session.flush()
+        await reader
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        await session.close()
+
+
+async def scheduler_run(n: int, seconds: float, speed: float = 1.0, phase: str = "spread",
+                        device: str = "cpu", tune_convs: bool = True) -> SchedulerRun:
+    """N conversations of `seconds` of synthetic audio through a fresh in-process scheduler on
+    the tiny random engine. `phase`: `aligned` (every frame of every conversation is due at the
+    same instants) or `spread` (conversation i starts i/N of a frame later, as callers who
+    started at unrelated times do)."""
+    from asr.kyutai import tiny_random
+    from asr.scheduler import EngineScheduler, SchedulerConfig
+
+    sched = EngineScheduler(tiny_random(n, device=device, tune_convs=tune_convs), SchedulerConfig())
+    audios = [synthetic_audio(seconds, i) for i in range(n)]
+    frame_s = FRAME / SR / speed if speed > 0 else 0.0
+    latencies: list[float] = []
+    async with sched:
+        t0 = time.perf_counter()
+        talks = asyncio.gather(*(
+            _conversation(sched, audios[i], t0, (i / n) * frame_s if phase == "spread" else 0.0, speed, latencies)
+            for i in range(n)))
+        # a tick loop that dies would leave every conversation waiting for its Steps: fail instead
+        ticking = sched._background_task
+        await asyncio.wait({talks, ticking}, return_when=asyncio.FIRST_COMPLETED)
+        if not talks.done():
+            talks.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await talks
+            raise RuntimeError("the scheduler's tick loop ended") from ticking.exception()
+        await talks
+    return SchedulerRun(n=n, audio_s=(audios[0].size // FRAME) * FRAME / SR, step_seconds=list(sched.step_seconds),
+                        active_rows=list(sched.active_rows), frame_latencies=latencies)
+
+
+def scheduler_mode(args) -> int:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    pace = f"{args.speed:g}x real time" if args.speed > 0 else "as fast as possible"
+    print(f"in-process EngineScheduler, tiny random engine on {args.device}, "
+          f"torch threads={torch.get_num_threads()}: N conversations of {args.seconds:g} s of audio each "
+          f"at {pace}, phase {args.phase}, fed in 80 ms frames")
+    print(f"{'N':>3} {'ticks':>6} {'step p50 ms':>12} {'step p99 ms':>12} {'rows/step':>10} {'all-N':>6} "
+          f"{'RTF':>6} {'frame lat p50 ms':>17} {'p99 ms':>8}")
+    for n in args.sizes:
+        r = asyncio.run(scheduler_run(n, args.seconds, args.speed, args.phase, args.device, args.tune_convs))
+        st, lat = r.step_seconds, r.frame_latencies
+        print(f"{n:>3} {len(st):>6} {pct(st, 50) * 1e3:>12.3f} {pct(st, 99) * 1e3:>12.3f} "
+              f"{np.mean(r.active_rows):>10.2f} {r.all_active:>6.2f} {r.rtf:>6.3f} "
+              f"{pct(lat, 50) * 1e3:>17.1f} {pct(lat, 99) * 1e3:>8.1f}", flush=True)
+    print("rows/step: conversations stepped per tick (mean); all-N: fraction of ticks that stepped all N; "
+          "RTF: engine busy s / audio s for all N together (< 1 keeps up); frame lat: Step arrival - frame due")
+    return 0
 
 
 # ---- engine throughput ---------------------------------------------------------------------
@@ -339,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="duplex asr-bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default=None, help="ws://host:port/api/asr-streaming (default: in-process server)")
     p.add_argument("--api-key", default="public_token")
-    p.add_argument("--model", default=None, help="in-process: Kyutai STT checkpoint (default tiny random)")
+    p.add_argument("--model", default=None,
+                   help="in-process server: a Kyutai STT checkpoint (hub id or dir), or tiny-random (the default)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--speed", type=float, default=1.0, help="x real time; 0 = as fast as possible")
@@ -350,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-pid", type=int, default=None, help="remote server pid on this host, for RSS")
     p.add_argument("--sample-every", type=float, default=1.0)
     p.add_argument("--engine-throughput", action="store_true")
-    p.add_argument("--sizes", type=int, nargs="*", default=[1, 4, 16])
+    p.add_argument("--sizes", type=int, nargs="*", default=[1, 4, 16], help="--engine-throughput, --scheduler: N")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--hidden", type=int, default=32, help="--engine-throughput: LM width")
@@ -359,6 +481,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-tune-convs", dest="tune_convs", action="store_false",
                    help="oneDNN for every Mimi conv of the engine (default, as asr-serve does: each conv's "
                         "path, the SEANet C kernel among them, is timed per layer at start-up on CPU)")
+    p.add_argument("--scheduler", action="store_true",
+                   help="N conversations (each N of --sizes) through the in-process EngineScheduler at --speed, "
+                        "--seconds of audio each: step time, rows per step, RTF, frame latency")
+    p.add_argument("--phase", choices=["spread", "aligned"], default="spread",
+                   help="--scheduler: conversations' frames spread over a frame period (independent callers) "
+                        "or all due at the same instants")
     p.add_argument("--memory", action="store_true")
     p.add_argument("--memory-steps", type=int, default=45_000)
     p.add_argument("--flood-seconds", type=float, default=600.0)
@@ -370,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
                              args.tune_convs)
     if args.memory:
         return memory_mode(args)
+    if args.scheduler:
+        return scheduler_mode(args)
     return asyncio.run(load_test(args))
 
 

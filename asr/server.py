@@ -2,9 +2,10 @@
 
 Path `/api/asr-streaming`, msgpack frames (asr/PROTOCOL.md), `kyutai-api-key` header (or the
 `auth_id` query parameter, as moshi-server also accepts). It serves any `Recognizer`
-(asr.scheduler): by default the batched engine with a tiny random model (NOT a speech model,
-for trying the plumbing), a real Kyutai STT checkpoint with `--model`, or the embedded Whisper
-recognizer with `--model whisper-tiny.en` (a real speech model that works offline).
+(asr.scheduler): by default the embedded Whisper recognizer (whisper-tiny.en, a real speech
+model that works offline), or the batched Kyutai engine with `--model`: a Kyutai STT checkpoint
+(hub id, needs internet, or a local directory) or `tiny-random` (random weights, NOT a speech
+model: for trying the plumbing).
 
 Backpressure: the reader awaits `session.feed`, which waits while the session's input buffer
 is full; meanwhile nothing more is read from that socket and websockets' small incoming queue
@@ -128,31 +129,37 @@ class AsrServer:
             yield srv.sockets[0].getsockname()[1]
 
 
+DEFAULT_MODEL = "whisper-tiny.en"  # a newcomer who starts the server gets words, not noise
+TINY_RANDOM = "tiny-random"  # the random Kyutai engine, for plumbing and load tests only
+
+
 def build_recognizer(args) -> Recognizer:
-    """The recognizer for --model (the tiny random engine by default) with the CLI's settings."""
+    """The recognizer for --model with the CLI's settings: the embedded Whisper (the default),
+    the tiny random Kyutai engine (`tiny-random`), or a Kyutai STT checkpoint (hub id or dir)."""
     from asr.whisper import EMBEDDED
 
-    if args.model in EMBEDDED:
+    model = args.model or DEFAULT_MODEL
+    if model in EMBEDDED:
         from asr.whisper import WhisperRecognizer
         from asr.whisper_service import WhisperService, WhisperServiceConfig
 
         cfg = WhisperServiceConfig(max_sessions=args.slots, buffer_seconds=args.buffer_seconds,
                                    admission_wait_s=args.admission_wait, idle_timeout_s=args.idle_timeout,
                                    max_session_s=args.max_session)
-        return WhisperService(WhisperRecognizer.load(args.model), cfg)
+        return WhisperService(WhisperRecognizer.load(model), cfg)
 
     from asr.kyutai import from_pretrained, tiny_random
     from asr.scheduler import EngineScheduler, SchedulerConfig
 
-    if args.model:
+    if model == TINY_RANDOM:
+        loaded = tiny_random(args.slots, seed=0, device=args.device, compile=args.compile,
+                             tune_convs=args.tune_convs)
+    else:
         import torch
 
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-        loaded = from_pretrained(args.model, args.slots, device=args.device, dtype=dtype, compile=args.compile,
+        loaded = from_pretrained(model, args.slots, device=args.device, dtype=dtype, compile=args.compile,
                                  tune_convs=args.tune_convs)
-    else:
-        loaded = tiny_random(args.slots, seed=0, device=args.device, compile=args.compile,
-                             tune_convs=args.tune_convs)
     cfg = SchedulerConfig(buffer_seconds=args.buffer_seconds, admission_wait_s=args.admission_wait,
                           idle_timeout_s=args.idle_timeout, max_session_s=args.max_session)
     return EngineScheduler(loaded, cfg)
@@ -161,14 +168,18 @@ def build_recognizer(args) -> Recognizer:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="duplex asr-serve", description=__doc__.split("\n\n")[0],
-        epilog="A real speech model offline: duplex asr-serve --model whisper-tiny.en (the embedded Whisper "
-               "tiny.en, segmented by Silero VAD; words come at utterance ends). Protocol: asr/PROTOCOL.md.")
+        epilog="With no --model it serves the embedded Whisper tiny.en (offline; segmented by Silero VAD, "
+               "so words come at utterance ends). Kyutai STT: --model kyutai/stt-1b-en_fr (downloads from "
+               "the Hugging Face hub: needs internet once) or --model DIR (a saved checkpoint, offline). "
+               "--model tiny-random, or a directory written by `python -m asr.kyutai --save-tiny DIR`, "
+               "serves random weights: the plumbing works, the words are noise. Protocol: asr/PROTOCOL.md.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--model", default=None,
-                   help="whisper-tiny.en: the embedded Whisper recognizer (offline, real speech model); or a "
-                        "Kyutai STT checkpoint: hub id (needs internet), e.g. kyutai/stt-1b-en_fr, or a local "
-                        "transformers directory. Default: a tiny RANDOM Kyutai model (not a speech model).")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"{DEFAULT_MODEL} (default): the embedded Whisper recognizer (offline, a real speech "
+                        "model); or a Kyutai STT checkpoint for the batched engine: a hub id (needs internet), "
+                        "e.g. kyutai/stt-1b-en_fr, or a local transformers directory; or "
+                        f"{TINY_RANDOM}: the Kyutai engine with tiny RANDOM weights (not a speech model)")
     p.add_argument("--slots", type=int, default=8, help="batch size B: concurrent streams")
     p.add_argument("--device", default="cpu", help="torch device for the Kyutai engine (Whisper runs on CPU)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16",

@@ -33,3 +33,26 @@ def test_the_memory_flood_at_full_speed_is_held_at_the_servers_cap():
     buffered = [b for *_, b in samples]
     assert len(samples) == 20 and max(buffered) <= 10 * SR
     assert max(buffered) >= 5 * SR, buffered  # it was flooded: the cap, not the pace, held it
+
+
+def scheduler_rows(out: str) -> dict[int, list[float]]:
+    return {int(m.group(1)): [float(x) for x in m.group(2).split()]
+            for m in re.finditer(r"^ *(\d+) +([\d. ]+)$", out, re.M)}
+
+
+def test_scheduler_mode_prints_a_row_per_conversation_count(capsys):
+    """`--scheduler`: N conversations through the in-process EngineScheduler (no sockets); with
+    aligned frames every tick steps them all, and one conversation takes one tick per frame."""
+    frames = 10  # 0.8 s of audio, sent at 4x real time
+    assert main(["--scheduler", "--sizes", "1", "2", "--seconds", str(frames * 0.08), "--speed", "4",
+                 "--phase", "aligned", "--no-tune-convs"]) == 0
+    out = capsys.readouterr().out
+    assert "in-process EngineScheduler" in out
+    rows = scheduler_rows(out)
+    assert set(rows) == {1, 2}
+    ticks, p50, p99, per_step, all_n, rtf, lat50, lat99 = rows[1]
+    assert ticks == frames + 2 + 2  # the frames, then the flush: the tiny model's delay (2) + 2
+    assert per_step == 1.0 and all_n == 1.0
+    assert 0 < p50 <= p99 and rtf > 0 and 0 < lat50 <= lat99
+    ticks, *_, per_step, all_n, rtf, _, _ = rows[2]
+    assert ticks >= frames + 4 and 1.5 < per_step <= 2.0 and 0.0 <= all_n <= 1.0 and rtf > 0
