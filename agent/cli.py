@@ -19,7 +19,18 @@ def positive_int(text: str) -> int:
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--asr", default="whisper-tiny.en", help="recognizer (default: embedded Whisper tiny.en)")
+    p.add_argument("--asr", default="whisper-tiny.en",
+                   help="recognizer: whisper-tiny.en (default, embedded) or another Whisper size | "
+                        "kyutai/stt-1b-en_fr, kyutai/stt-2.6b-en or a Kyutai STT checkpoint directory (the "
+                        "batched engine in this process, one slot per conversation) | ws://HOST:PORT[/path], "
+                        "comma-separated for several (a Kyutai-protocol server: duplex asr-serve, moshi-server)")
+    p.add_argument("--asr-api-key", default=None, help="API key for a ws:// recognizer (kyutai-api-key)")
+    p.add_argument("--asr-slots", type=positive_int, default=8,
+                   help="conversations the in-process engine serves at once (its batch size; default 8)")
+    p.add_argument("--device", default="cpu", help="where the in-process engine runs: cpu (default) or cuda")
+    p.add_argument("--asr-beam", type=positive_int, default=None,
+                   help="Whisper's beam size (default 1, greedy; 5: dev WER 9.9 -> 5.0 %% for ~+20-46 ms "
+                        "a final decode, see scripts/whisper_settings.py)")
     p.add_argument("--llm", default="qwen2.5-0.5b",
                    help="smollm2-135m | qwen2.5-0.5b (default) | qwen2.5-1.5b | path to a .gguf | "
                         "URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 | "
@@ -88,7 +99,9 @@ def _profiling(args, trace_path: str | None):
 def _load(args):
     from agent.models import ModelChoice, load_models
 
-    return load_models(ModelChoice(asr=args.asr, llm=args.llm, llm_model=args.llm_model, tts=args.tts,
+    return load_models(ModelChoice(asr=args.asr, asr_api_key=args.asr_api_key, asr_slots=args.asr_slots,
+                                   asr_beam=args.asr_beam, device=args.device, llm=args.llm,
+                                   llm_model=args.llm_model, tts=args.tts,
                                    eou=None if args.no_eou else "smart-turn-v3.2"))
 
 

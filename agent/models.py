@@ -23,7 +23,11 @@ log = logging.getLogger("duplex.models")
 
 @dataclass
 class ModelChoice:
-    asr: str = "whisper-tiny.en"  # or another faster-whisper size / CTranslate2 dir (hub ids need internet)
+    asr: str = "whisper-tiny.en"  # see asr.load_recognizer: Whisper, a Kyutai engine, or ws:// URLs
+    asr_api_key: str | None = None  # for a ws:// recognizer
+    asr_slots: int = 8  # the in-process engine's batch size
+    asr_beam: int | None = None  # Whisper's beam size (None: WhisperOptions' default, greedy)
+    device: str = "cpu"  # where the in-process engine runs
     llm: str = "qwen2.5-0.5b"  # smollm2-135m | qwen2.5-0.5b | qwen2.5-1.5b | path.gguf | http://host:port/v1
     llm_model: str | None = None  # the model name at an OpenAI-compatible endpoint
     tts: str = "piper"  # piper | path/to/voice.onnx | espeak-ng | flite
@@ -39,7 +43,7 @@ def load_models(choice: ModelChoice | None = None) -> Models:
 
     choice = choice or ModelChoice()
     t = time.perf_counter()
-    asr = load_recognizer(choice.asr)
+    asr = load_recognizer(choice.asr, **recognizer_options(choice))
     llm = load_chat_model(choice.llm, model=choice.llm_model, n_threads=choice.llm_threads)
     tts = load_synthesizer(choice.tts)
     vad = SileroVAD()
@@ -52,3 +56,19 @@ def load_models(choice: ModelChoice | None = None) -> Models:
         eou = SmartTurn(threads=min(2, os.cpu_count() or 1))
     log.info("models loaded in %.1f s: asr=%s llm=%s tts=%s", time.perf_counter() - t, choice.asr, choice.llm, tts.name)
     return Models(asr=asr, llm=llm, tts=tts, vad_factory=vad.new_stream, eou=eou)
+
+
+def recognizer_options(choice: ModelChoice) -> dict:
+    """The load_recognizer options that apply to the kind of recognizer chosen."""
+    from asr import recognizer_kind
+
+    kind = recognizer_kind(choice.asr)
+    if kind == "remote":
+        return {"api_key": choice.asr_api_key} if choice.asr_api_key else {}
+    if kind == "engine":
+        return {"device": choice.device, "slots": choice.asr_slots}
+    if choice.asr_beam:
+        from asr.whisper import WhisperOptions
+
+        return {"options": WhisperOptions(beam_size=choice.asr_beam)}
+    return {}

@@ -10,14 +10,23 @@ a decode's cost (~170 ms of ~290 ms here for a 3 s clip). CTranslate2 accepts a 
 (as whisper.cpp's `--audio-ctx` does), so by default the window is the utterance plus
 `window_pad_s` of padding (whole seconds, at most 30 s): a 3 s utterance decodes in about half
 the time. Less padding than ~10 s makes tiny.en loop on short, list-like clips ("5 5 5 5 ...");
-WER on `../shared/speech/dev` (tests/test_asr_wer.py): 6.9 % with the default +10 s, 5.0 % with
-faster-whisper's full window; with +3 to +5 s it was 20-35 %. `window_pad_s=None` gives
-faster-whisper's own full-window decode.
+with +3 to +5 s dev WER was 20-35 %. `window_pad_s=None` gives faster-whisper's own full-window
+decode.
 
-Weights run as int8 by default (CTranslate2 quantises the float32 model at load time; this CPU
-has AVX-512 VNNI): the same 6.9 % dev WER as float32, and a 2-3 s utterance decodes in ~75-85 ms
-instead of ~120-140 ms (12 dev clips, one timed call each after a warm-up). `compute_type`
-takes any CTranslate2 type ("float32", "int8_float32", "float16" on a GPU, ...).
+Weights run as int8 by default (CTranslate2 quantises the float32 model at load time). On an
+AVX-512 VNNI CPU int8 had float32's dev WER (6.9 %) and decoded a 2-3 s utterance in ~75-85 ms
+instead of ~120-140 ms. On an AVX2-only CPU (no VNNI) int8 is less accurate: 9.9 % against
+float32's 6.9 %, still ~70-160 ms a final faster. `compute_type` takes any CTranslate2 type
+("float32", "int8_float32", "float16" on a GPU, ...).
+
+Accuracy is traded for latency, measured (`scripts/whisper_settings.py`; dev WER of the final
+decode over `../shared/speech/dev`, and the final's time paired with the default's on the same
+clip, interleaved, 2 shared AVX2 cores where the default's final takes ~220-380 ms): the default
+(int8, +10 s, greedy) 9.9 %; `beam_size` 4-5 gives 5.0 % for +20-46 ms a final (beam 3: 5.9 %);
+the 30 s window costs +290-770 ms (9.9 % greedy, 6.9 % beam 5). flite's "Why is the sky blue?"
+is heard as "... this guy blue?" 5 of 6 times greedy, 2 of 6 with beam 5; only beam 5 with the
+30 s window got it right 6 of 6. The default stays greedy; `WhisperOptions(beam_size=5)`
+(`duplex serve --asr-beam 5`) buys the accuracy.
 """
 from __future__ import annotations
 
@@ -49,7 +58,7 @@ def embedded_model_path() -> Path:
 class WhisperOptions:
     hop_s: float = 1.0  # new audio needed before the next partial decode
     max_utterance_s: float = 28.0  # Whisper sees at most 30 s; the session finalizes before this
-    beam_size: int = 1
+    beam_size: int = 1  # 5: dev WER 9.9 -> 5.0 % for ~+20-46 ms a final (module docstring)
     language: str = "en"
     window_pad_s: float | None = 10.0  # encoder window = utterance + this (None: always 30 s)
 

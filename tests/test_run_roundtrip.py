@@ -38,7 +38,7 @@ def test_duplex_run_reply_wav_matches_logged_text(tmp_path):
     from asr import load_recognizer
     from transport.audio import resample
 
-    rec = load_recognizer()
+    rec = load_recognizer().whisper
     stream = rec.open_decoder()
     heard = []
     x = resample(audio, rate, 16000)

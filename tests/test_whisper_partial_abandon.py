@@ -11,7 +11,7 @@ pytestmark = pytest.mark.models
 def recognizer():
     from asr import load_recognizer
 
-    return load_recognizer()
+    return load_recognizer().whisper
 
 
 def _clip():
