@@ -78,6 +78,9 @@ class SchedulerConfig:
     out_queue_max: int = 256  # queued results per session before its slot pauses
     max_pending_markers: int = 64
     flush_extra_frames: int = 2  # silence after the ASR delay when flushing
+    # a frame waits at most this long for the frames of the other streams arriving in real time,
+    # so that they share one batched step per frame instead of each stepping alone (0: never)
+    batch_wait_s: float = 0.08
     sample_rate: int = 24000
 
 
@@ -308,6 +311,7 @@ class EngineScheduler(ServiceShell):
         self._wake = asyncio.Event()
         self._freed = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="asr-engine")
+        self._ready_since: float | None = None  # when a frame first waited for the next step
         self.ticks = 0
         self.step_seconds: deque[float] = deque(maxlen=4096)  # recent step durations
         self.active_rows: deque[int] = deque(maxlen=4096)  # rows stepped per recent tick: batching achieved
@@ -371,19 +375,47 @@ class EngineScheduler(ServiceShell):
         self.step_seconds.append(time.perf_counter() - t0)
         return tokens
 
+    def _batch_wait(self, now: float) -> float:
+        """Seconds to wait for more frames before stepping (0: step now). Streams fed in real
+        time fill their frames at different moments; waiting for them (up to `batch_wait_s`)
+        steps them together. A stream with a backlog (a flush, a client catching up) goes at once."""
+        wait, frame = self.config.batch_wait_s, self.frame_size
+        if wait <= 0:
+            return 0.0
+        sessions = self.sessions
+        if any(s._len >= 2 * frame for s in sessions if s._has_frame()):
+            return 0.0
+        fed_recently = 2 * frame / self.config.sample_rate
+        coming = [s for s in sessions if s._len < frame and not s.closed and now - s.last_input < fed_recently]
+        if not coming:
+            return 0.0
+        if self._ready_since is None:
+            self._ready_since = now
+        return max(0.0, self._ready_since + wait - now)
+
+    async def _idle(self, timeout: float) -> None:
+        self._wake.clear()
+        # not wait_for: on Python 3.11 it swallows a cancel that lands as the event is set
+        # (close() then stop()), and stop() would wait for this loop forever
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._wake.wait()
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            self._evict_expired(time.monotonic())
-            active, reset, dispatched = self._gather()
-            if not dispatched:
-                self._wake.clear()
-                # not wait_for: on Python 3.11 it swallows a cancel that lands as the event is set
-                # (close() then stop()), and stop() would wait for this loop forever
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(0.25):
-                        await self._wake.wait()
+            now = time.monotonic()
+            self._evict_expired(now)
+            if not any(s._has_frame() for s in self.sessions):
+                self._ready_since = None
+                await self._idle(0.25)
                 continue
+            wait = self._batch_wait(now)
+            if wait > 0:
+                await self._idle(wait)
+                continue
+            self._ready_since = None
+            active, reset, dispatched = self._gather()
             tokens = await loop.run_in_executor(self._executor, self._timed_step, active, reset)
             self.ticks += 1
             self.active_rows.append(len(dispatched))
