@@ -136,10 +136,23 @@ def tiny_processor(vocab_size: int):
     return KyutaiSpeechToTextProcessor(features, PreTrainedTokenizerFast(tokenizer_object=tok))
 
 
-def save_tiny(directory: str | os.PathLike, seed: int = 0, **shape) -> str:
+def emit_words_often(model) -> None:
+    """Swap two pairs of the tiny model's output rows (tokens 0<->34, 3<->13) so that it often
+    emits the word-boundary and pad tokens: its random "text" then comes as words, about ten per
+    4 s of audio (seed 0), which plumbing tests need (the plain random model almost never does)."""
+    with torch.no_grad():
+        w = model.lm_head.weight
+        w[[WORD_BOUNDARY_TOKEN, 34]] = w[[34, WORD_BOUNDARY_TOKEN]]
+        w[[TEXT_PAD_TOKEN, 13]] = w[[13, TEXT_PAD_TOKEN]]
+
+
+def save_tiny(directory: str | os.PathLike, seed: int = 0, words: bool = False, **shape) -> str:
     """Write `tiny_random(seed, **shape)`'s model as a transformers checkpoint (`save_pretrained`:
-    config, safetensors weights, processor); `from_pretrained(directory, ...)` loads it offline."""
+    config, safetensors weights, processor); `from_pretrained(directory, ...)` loads it offline.
+    `words`: the variant that emits words often (`emit_words_often`)."""
     model = tiny_hf_model(seed, **shape)
+    if words:
+        emit_words_often(model)
     setattr(model.config, TINY_SEED_KEY, seed)
     model.save_pretrained(directory)
     tiny_processor(model.config.vocab_size).save_pretrained(directory)
@@ -226,11 +239,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="write the tiny RANDOM Kyutai STT model (not a speech model) as a transformers "
                         "checkpoint in DIR; `duplex asr-serve --model DIR` serves it")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--words", action="store_true",
+                   help="the variant that emits its random tokens as words often (for plumbing tests)")
     args = p.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    print(f"wrote {save_tiny(args.save_tiny, seed=args.seed)}: {_random_label(args.seed)}")
+    print(f"wrote {save_tiny(args.save_tiny, seed=args.seed, words=args.words)}: {_random_label(args.seed)}")
     return 0
 
 
