@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.stages import STAGE_KEYS, breakdown
+from agent.workers import run_in
 
 ASR_RATE = 16000
 LEAD_S = 0.5  # silence before each input, so the VAD pre-roll holds audio before the speech
@@ -288,7 +289,7 @@ async def warm_up(models) -> None:
         async for _ in chunks:
             pass
     vad = models.vad_factory()
-    await asyncio.to_thread(vad, np.zeros(ASR_RATE, dtype=np.float32))
+    await run_in("vad", vad, np.zeros(ASR_RATE, dtype=np.float32))
 
 
 # ---- report -------------------------------------------------------------------------------

@@ -35,6 +35,15 @@ def say(text: str, path: Path, rate: int = 16000) -> np.ndarray:
     return data
 
 
+def kernel_socket_buffer_bytes() -> int:
+    """The most the kernel buffers in one TCP connection's send and receive queues (max settings)."""
+    total = 0
+    for name in ("tcp_wmem", "tcp_rmem"):
+        with open(f"/proc/sys/net/ipv4/{name}") as f:
+            total += int(f.read().split()[2])
+    return total
+
+
 def silence(seconds: float, rate: int = 16000) -> np.ndarray:
     return np.zeros(int(seconds * rate), dtype=np.float32)
 
@@ -120,6 +129,32 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
         except OSError:
             time.sleep(0.3)
     raise TimeoutError(url)
+
+
+@contextlib.contextmanager
+def duplex_asr_serve(*args: str, timeout: float = 120.0):
+    """`duplex asr-serve --port 0 *args` in a subprocess; yields its ws:// URL once it serves."""
+    import re
+
+    cmd = [sys.executable, "-m", "agent.cli", "asr-serve", "--port", "0", *args]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, url = time.time() + timeout, None
+        while url is None and time.time() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"asr-serve exited with {proc.wait()} before serving")
+            if m := re.search(r"asr-serve: .* on (ws://\S+)", line):
+                url = m.group(1)
+        assert url, "asr-serve did not say where it serves"
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 @contextlib.contextmanager

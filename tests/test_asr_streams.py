@@ -30,7 +30,7 @@ from asr.scheduler import EngineScheduler, SchedulerConfig
 from asr.server import AsrServer
 
 sys.path.insert(0, os.path.dirname(__file__))
-from helpers import await_until, free_port  # noqa: E402
+from helpers import await_until, free_port, kernel_socket_buffer_bytes  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -461,14 +461,6 @@ async def test_remote_feed_waits_when_the_server_stops_reading(wordy_hf):
         assert not [t for t in asyncio.all_tasks() if t.get_name().startswith(("asr-stream", "asr-remote"))]
         async with sched:  # the engine runs at last: the server drains what was in flight, sees the close
             assert await await_until(lambda: not sched.sessions)
-
-
-def kernel_socket_buffer_bytes() -> int:
-    total = 0
-    for name in ("tcp_wmem", "tcp_rmem"):
-        with open(f"/proc/sys/net/ipv4/{name}") as f:
-            total += int(f.read().split()[2])
-    return total
 
 
 # ---- dispatch ---------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from helpers import duplex_serve, say, silence, wait_until
+from helpers import duplex_asr_serve, duplex_serve, say, silence, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.models]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -36,14 +36,24 @@ def conversation_wav(tmp_path_factory) -> tuple[Path, dict]:
     return path, marks
 
 
+@pytest.fixture(scope="module", params=["embedded-asr", "remote-asr"])
+def recognizer(request):
+    """The page's session on the embedded Whisper, or on `--asr ws://` to a `duplex asr-serve`."""
+    if request.param == "embedded-asr":
+        yield []
+    else:
+        with duplex_asr_serve("--slots", "2") as url:
+            yield ["--asr", url]
+
+
 @pytest.fixture(scope="module")
-def trace_dir(tmp_path_factory) -> Path:
+def trace_dir(tmp_path_factory, recognizer) -> Path:
     return tmp_path_factory.mktemp("traces")
 
 
 @pytest.fixture(scope="module")
-def server(trace_dir):
-    with duplex_serve("--llm", "smollm2-135m", "--trace-dir", str(trace_dir)) as port:
+def server(trace_dir, recognizer):
+    with duplex_serve("--llm", "smollm2-135m", "--trace-dir", str(trace_dir), *recognizer) as port:
         yield f"http://127.0.0.1:{port}"
 
 

@@ -13,6 +13,7 @@ import pytest
 import websockets
 
 sys.path.insert(0, os.path.dirname(__file__))
+from helpers import kernel_socket_buffer_bytes  # noqa: E402
 from test_engine_server import KEY, recv, running_server  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -23,14 +24,6 @@ SECOND = 24000
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def kernel_socket_buffer_bytes() -> int:
-    total = 0
-    for name in ("tcp_wmem", "tcp_rmem"):
-        with open(f"/proc/sys/net/ipv4/{name}") as f:
-            total += int(f.read().split()[2])
-    return total
 
 
 async def test_fast_client_is_pushed_back_and_memory_stays_flat():

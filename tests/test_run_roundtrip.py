@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 
 from asr.wer import wer
-from helpers import say, silence
+from helpers import duplex_asr_serve, say, silence
 
 pytestmark = pytest.mark.models
 
@@ -104,3 +104,27 @@ def check_trace(trace, turns, tmp_path):
     for p in pngs:
         data = p.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_duplex_run_on_a_remote_recognizer_answers_the_question(tmp_path):
+    """`duplex asr-serve` (no --model: the embedded Whisper) and `duplex run --asr ws://...`: the
+    reply to "what is the capital of France", transcribed back, mentions Paris."""
+    from asr import load_recognizer
+    from transport.audio import resample
+
+    q = say("What is the capital of France?", tmp_path / "raw.wav")
+    sf.write(tmp_path / "q.wav", np.concatenate([silence(0.5), q, silence(0.3)]), 16000, subtype="PCM_16")
+    out, log = tmp_path / "r.wav", tmp_path / "turns.jsonl"
+    with duplex_asr_serve() as url:
+        proc = subprocess.run(
+            [sys.executable, "-m", "agent.cli", "run", "--asr", url, "--input", str(tmp_path / "q.wav"),
+             "--output", str(out), "--log", str(log)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (turn,) = [r for r in map(json.loads, log.read_text().splitlines()) if "turn" in r]
+    assert "capital" in turn["user"].lower() and "france" in turn["user"].lower()
+    audio, rate = sf.read(out, dtype="float32")
+    stream = load_recognizer().whisper.open_decoder()
+    stream.push(resample(audio, rate, 16000)[:16000 * 20])
+    heard = stream.finalize().text
+    print("reply:", turn["reply"], "| heard back:", heard)
+    assert "paris" in heard.lower()
