@@ -162,7 +162,7 @@ class Listener:
         """Open the recognizer stream (raises asr.base.RecognizerUnavailable when it has no room)."""
         self.stream = await self.recognizer.open_stream()
         self._utterances = self.stream if isinstance(self.stream, Utterances) else None
-        self._events_task = asyncio.create_task(self._read_events(), name="asr-events")
+        self._events_task = _spawn(self._read_events(), "asr-events")
 
     async def close(self) -> None:
         self._closing = True
@@ -251,8 +251,7 @@ class Listener:
             until = min(cmd.t_speech_end + self.config.final_pad_s, self.t_audio)
             self._early = (cmd.t_speech_end, until)
             previous = self._early_task
-            self._early_task = asyncio.create_task(self._early_transcript(cmd.t_speech_end, until, previous),
-                                                   name="asr-early")
+            self._early_task = _spawn(self._early_transcript(cmd.t_speech_end, until, previous), "asr-early")
         elif isinstance(cmd, SpeechPaused):
             self.tracer.instant(Stage.TURN, Ev.PAUSE, turn=self._turn())
             self._start_eou_check(cmd.t_speech_end)  # unless asked already in this silence
@@ -270,7 +269,7 @@ class Listener:
                 t_end + self.config.final_pad_s, self.t_audio)
             await self._emit(TurnEnded(t_end, self.wall_of(t_end), now))
             previous = self._final_task
-            self._final_task = asyncio.create_task(self._final_transcript(until, previous), name="asr-final")
+            self._final_task = _spawn(self._final_transcript(until, previous), "asr-final")
         elif isinstance(cmd, ResumeReply):
             while self._words and self._words[0].end <= self.t_audio:
                 self._words.popleft()  # the noise that interrupted holds no words worth keeping
@@ -402,5 +401,17 @@ class Listener:
             await self._run_commands(self.turns.on_eou(self.t_audio, p, t_speech_end))
             await self._state_changed()
 
-        self._eou_task = asyncio.create_task(check(), name="eou")
+        self._eou_task = _spawn(check(), "eou")
         return self._eou_task
+
+
+def _spawn(coro, name: str) -> asyncio.Task:
+    """A task of the listener's; a failure in it is logged at once, not when it is collected."""
+    task = asyncio.create_task(coro, name=name)
+    task.add_done_callback(_log_failure)
+    return task
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("listener task %s failed", task.get_name(), exc_info=task.exception())

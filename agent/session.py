@@ -73,8 +73,9 @@ class Session:
         self._warm(None)  # the system prompt, before the first turn needs it
         try:
             await self._send_state()
+            # a far end sends audio every few tens of ms, so a stop is seen at the next event
             while not self._stop.is_set():
-                event = await self._receive()
+                event = await self.transport.receive()
                 if event is None:
                     break
                 if isinstance(event, AudioIn):
@@ -90,17 +91,6 @@ class Session:
             await self.replies.end_with_session("session ended")
             await _cancel(self._warm_task)
             await self.listener.close()
-
-    async def _receive(self):
-        """The next transport event, or None once the conversation must stop."""
-        receive = asyncio.ensure_future(self.transport.receive())
-        stop = asyncio.ensure_future(self._stop.wait())
-        await asyncio.wait([receive, stop], return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        if receive.done():
-            return receive.result()
-        await _cancel(receive)
-        return None
 
     async def _give_up(self, code: str, message: str) -> None:
         """The conversation cannot go on: say so (the page shows it; a phone hears an apology)."""
@@ -153,6 +143,9 @@ class Session:
             self.tracer.instant(Stage.TURN, Ev.ENDPOINT, turn=rec.index, ts_ns=_ns(rec.endpoint))
             await self._send(EndOfUserTurn(rec.index, rec.speech_end * 1000, round(ev.t_speech_end, 3)))
         elif isinstance(ev, heard.UserTranscript):
+            if not self._awaiting_final:
+                log.error("%s: a transcript with no turn waiting for it", self.session_id)
+                return
             rec = self._awaiting_final.popleft()
             rec.asr_final, rec.user_text = ev.at, ev.text
             self.tracer.instant(Stage.ASR, Ev.FINAL, turn=rec.index, text=ev.text)

@@ -125,7 +125,7 @@ function onMessage(e) {
     case "clear": if (player) player.port.postMessage({ type: "clear" }); break;
     case "interrupted": line("bot", "(interrupted; heard: " + (m.heard || "nothing") + ")"); botLine = null; break;
     case "latency": turns[m.turn] = Object.assign(turns[m.turn] || {}, { server: m }); renderLatency(m.turn); break;
-    case "error": line("err", "error: " + m.message); break;
+    case "error": line("err", "error: " + m.message + (m.fatal ? " (the conversation has ended)" : "")); break;
   }
 }
 
