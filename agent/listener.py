@@ -333,8 +333,8 @@ class Listener:
         await self._state_changed()
 
     async def _transcript_until(self, until: float, take: bool) -> tuple[str, tuple[Word, ...]]:
-        """The words ending by stream time `until`: an early decode (not taken), or a flush of
-        the stream; `take`: they belong to the turn that ended and leave the buffer."""
+        """The words said by stream time `until`: an early decode (not taken), or a flush of the
+        stream; `take`: they belong to the turn that ended and leave the buffer."""
         if not take and self._utterances is not None:
             hyp = await self._utterances.decode_early(until)
             return hyp.text, hyp.words
@@ -345,10 +345,11 @@ class Listener:
             while self._flushes_seen < target:
                 self._flush_seen.clear()
                 await self._flush_seen.wait()
-        eps = 0.05  # a word's end time is rounded to the model's frame
-        words = tuple(w for w in self._words if w.end <= until + eps)
+        # a word that began before `until` belongs to this turn, even where a recognizer puts its
+        # end a little past it (a server's post-roll, a frame's rounding)
+        words = tuple(w for w in self._words if w.start < until)
         if take:
-            kept = [w for w in self._words if w.end > until + eps]
+            kept = [w for w in self._words if w.start >= until]
             self._words.clear()
             self._words.extend(kept)
         return " ".join(w.text for w in words).strip(), words

@@ -44,7 +44,7 @@ async def test_a_turn_takes_the_words_that_end_before_its_end_of_speech():
     (final,) = [e for e in out if isinstance(e, L.UserTranscript)]
     (ended,) = [e for e in out if isinstance(e, L.TurnEnded)]
     assert final.text == "what is the capital of France"
-    assert all(w.end <= ended.t_speech_end + 0.2 for w in final.words)
+    assert all(w.start < ended.t_speech_end + 0.2 for w in final.words)
     assert 1.0 < ended.t_speech_end < 1.2
     # the recognizer was fed every sample, silence included
     assert abs(asr.open_streams[0].fed_s - audio.size / RATE) < 0.02
@@ -81,4 +81,47 @@ async def test_noise_without_words_ends_a_turn_with_an_empty_transcript():
     audio = np.concatenate([gap(0.3), burst(0.6), gap(1.0)])
     out, listener, _ = await listen([""], audio)
     assert [e.text for e in out if isinstance(e, L.UserTranscript)] == [""]
+    await listener.close()
+
+
+async def test_a_word_that_began_before_the_end_of_speech_belongs_to_the_turn():
+    """A server may put a word's end past the end of speech (post-roll): it stays in this turn,
+    not carried into the next one (where the next utterance's start would drop it)."""
+    from doubles import ScriptedStream
+    from asr.base import Word
+
+    class LateEnds(ScriptedStream):
+        def _end_segment(self):
+            super()._end_segment()
+            if self._pending:
+                last = self._pending[-1]
+                self._pending[-1] = Word(last.text, last.start, last.end + 0.4)
+
+        async def _emit_due(self, t):
+            if self._segment is None and self._pending:
+                t = max(t, self._pending[-1].end)  # the server sends the word at the utterance's end
+            await super()._emit_due(t)
+
+    audio = np.concatenate([gap(0.3), burst(0.8), gap(1.0), burst(0.6, seed=5), gap(1.0)])
+    cfg = TurnConfig(use_eou=False)
+    out: list = []
+
+    async def emit(ev):
+        out.append(ev)
+
+    asr = ScriptedRecognizer(["tell me a story about a cat", "thanks"])
+    asr.open_stream = lambda: _open(asr)
+
+    async def _open(rec):
+        stream = LateEnds(rec)
+        rec.open_streams.append(stream)
+        return stream
+
+    listener = L.Listener(asr, EnergyVAD(), None, L.ListenerConfig(cfg), NullTracer(), emit)
+    await listener.open()
+    for k in range(0, audio.size, 320):
+        await listener.on_audio(AudioIn(audio[k:k + 320], RATE))
+        await L.asyncio.sleep(0)
+    await listener._final_task
+    assert [e.text for e in out if isinstance(e, L.UserTranscript)] == ["tell me a story about a cat", "thanks"]
     await listener.close()
