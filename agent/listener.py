@@ -162,6 +162,8 @@ class Listener:
         """Open the recognizer stream (raises asr.base.RecognizerUnavailable when it has no room)."""
         self.stream = await self.recognizer.open_stream()
         self._utterances = self.stream if isinstance(self.stream, Utterances) else None
+        if self._utterances is not None:
+            self._utterances.speaking(False)  # until the VAD hears speech: no decodes of silence
         self._events_task = _spawn(self._read_events(), "asr-events")
 
     async def close(self) -> None:

@@ -131,6 +131,9 @@ class Utterances(Protocol):
     def begin_utterance(self, start_s: float) -> None:
         """Speech starts at stream time `start_s` (preroll included): decode from here on."""
 
+    def speaking(self, active: bool) -> None:
+        """Whether the user is speaking (the caller's VAD): partials are decoded only then."""
+
     async def decode_early(self, until_s: float) -> Hypothesis:
         """Final-quality text of the utterance up to `until_s`, without emitting it (a pause:
         speculation). A later `flush(until_s)` over the same audio reuses the result."""
