@@ -269,9 +269,10 @@ class Listener:
             early = self._early
             until = early[1] if early is not None and early[0] == t_end else min(
                 t_end + self.config.final_pad_s, self.t_audio)
+            turn = self._turn()  # the index the session gives the turn that ended
             await self._emit(TurnEnded(t_end, self.wall_of(t_end), now))
             previous = self._final_task
-            self._final_task = _spawn(self._final_transcript(until, previous), "asr-final")
+            self._final_task = _spawn(self._final_transcript(until, previous, turn), "asr-final")
         elif isinstance(cmd, ResumeReply):
             while self._words and self._words[0].end <= self.t_audio:
                 self._words.popleft()  # the noise that interrupted holds no words worth keeping
@@ -322,11 +323,11 @@ class Listener:
             await self._emit(PauseTranscript(text))
         await self._run_commands(self.turns.on_transcript(self.t_audio, ends_sentence(text)))
 
-    async def _final_transcript(self, until: float, previous: asyncio.Task | None) -> None:
+    async def _final_transcript(self, until: float, previous: asyncio.Task | None, turn: int) -> None:
         if previous is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await previous
-        with self.tracer.span(Stage.ASR, Ev.FINAL_DECODE, turn=self._turn()):
+        with self.tracer.span(Stage.ASR, Ev.FINAL_DECODE, turn=turn):
             text, words = await self._transcript_until(until, take=True)
         n_words = len(text.split()) if any(ch.isalnum() for ch in text) else 0
         commands = self.turns.on_final(time.perf_counter(), n_words)
