@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import numpy as np
 
@@ -94,7 +95,14 @@ class EngineRecognizer:
                 dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
             if dtype is None:  # bf16 matmuls are slow on most CPUs
                 dtype = torch.float32 if device == "cpu" else torch.bfloat16
-            loaded = from_pretrained(name, slots, device=device, dtype=dtype, compile=compile, tune_convs=tune_convs)
+            try:
+                loaded = from_pretrained(name, slots, device=device, dtype=dtype, compile=compile,
+                                         tune_convs=tune_convs)
+            except OSError as e:  # transformers' word for "not on disk and the hub unreachable"
+                if os.path.isdir(name):
+                    raise
+                raise RuntimeError(f"could not load the recognizer {name!r} from the Hugging Face hub: it needs "
+                                   f"internet the first time, or give a local checkpoint directory ({e})") from e
         return cls(loaded, SchedulerConfig(**config))
 
     @property
