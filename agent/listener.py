@@ -216,6 +216,10 @@ class Listener:
             t = max(t_first, self.t_audio - (len(probs) - 1 - i) * VAD_FRAME_S)
             commands += self.turns.on_vad(t, p, VAD_FRAME_S, levels[i] if i < len(levels) else None)
         await self._run_commands(commands)
+        if self._utterances is not None:
+            # partials are worth decoding only while the user speaks: the VAD's own view, whatever
+            # the turn's state (speech over the bot included)
+            self._utterances.speaking(self.turns.in_speech)
         await self._state_changed()
 
     async def _feed_recognizer(self, ev: AudioIn, x16: np.ndarray) -> None:
@@ -248,8 +252,6 @@ class Listener:
                 self._utterances.begin_utterance(self._utt_t0)
             await self._emit(UserStarted())
         elif isinstance(cmd, SpeechStopped):
-            if self._utterances is not None:
-                self._utterances.speaking(False)
             until = min(cmd.t_speech_end + self.config.final_pad_s, self.t_audio)
             self._early = (cmd.t_speech_end, until)
             previous = self._early_task
@@ -260,8 +262,6 @@ class Listener:
             if self._early_text is not None and self._early_text[0] == cmd.t_speech_end:
                 await self._on_pause_transcript(*self._early_text)  # decoded before the pause
         elif isinstance(cmd, SpeechResumed):
-            if self._utterances is not None:
-                self._utterances.speaking(True)
             await self._emit(UserResumed())
         elif isinstance(cmd, EndOfTurn):
             now = time.perf_counter()

@@ -162,7 +162,7 @@ def test_disconnect_mid_turn_cancels_everything(server, question):
     assert len(server.sessions) == first + 1
     session = server.sessions[first]
     wait_ended(server, [session])
-    assert session._reply is None or not session._reply.running
+    assert session.replies.current is None or not session.replies.current.running
     time.sleep(0.3)
     leftover = {n for n in server.tasks() if n.startswith(("reply-", "asr"))}
     assert not leftover, f"tasks outlived their session: {leftover}"
