@@ -105,40 +105,56 @@ def _load(args):
                                    eou=None if args.no_eou else "smart-turn-v3.2"))
 
 
+def _engine_of(recognizer):
+    """The recognizer if it is the in-process engine, else None. Its module is looked at only if
+    loading the models imported it: importing it brings torch (seconds) to every other setup."""
+    module = sys.modules.get("asr.engine_recognizer")
+    return recognizer if module is not None and isinstance(recognizer, module.EngineRecognizer) else None
+
+
 def cmd_serve(args) -> int:
+    from agent.metrics import ServerMetrics
     from agent.session import Session
+    from transport.admission import Admission
     from transport.telephony.audiosocket_server import AudioSocketTransport, run_audiosocket_server
     from transport.telephony.media_streams import DIALECTS, MediaStreamCall
     from transport.telephony.media_streams_ws import MediaStreamTransport
     from transport.telephony.vonage import VonageCall
+    from transport.web.access import BrowserAccess
     from transport.web.server import run_server
 
     from agent.trace import Tracer
 
     models = _load(args)
     counter = iter(range(1 << 62))
+    metrics = ServerMetrics(engine=_engine_of(models.asr))
+    admission = Admission(args.max_sessions, on_refused=metrics.refused)  # one cap for every route and port
 
     async def handler(transport) -> None:
         kind = ("sip" if isinstance(transport, AudioSocketTransport) else
                 transport.call.name if isinstance(transport, MediaStreamTransport) else "web")
         sid = f"{kind}{next(counter)}"
         tracer = Tracer(sid, capacity=1 << 17) if args.trace_dir else None
-        session = Session(models, transport, _session_config(args), tracer=tracer, session_id=sid)
-        try:
-            await _run_traced(session, tracer)
-        finally:
-            if tracer is not None:
-                path = os.path.join(args.trace_dir, f"{sid}.trace.json")
-                await asyncio.to_thread(_write_trace, tracer, path)
+        async with metrics.conversation(sid, transport) as watched:
+            session = Session(models, watched, _session_config(args), tracer=tracer, session_id=sid)
+            try:
+                await _run_traced(session, tracer)
+            finally:
+                if tracer is not None:
+                    path = os.path.join(args.trace_dir, f"{sid}.trace.json")
+                    await asyncio.to_thread(_write_trace, tracer, path)
 
     async def serve() -> None:
         print(f"duplex: phone media streams at ws://{args.host}:{args.port}/twilio, /telnyx, /plivo, /exotel "
               f"and /vonage (see the README's 'Phone calls')", flush=True)
         routes = {f"/{name}": (lambda ws, d=d: MediaStreamTransport(ws, MediaStreamCall(d))) for name, d in DIALECTS.items()}
         routes["/vonage"] = lambda ws: MediaStreamTransport(ws, VonageCall())
-        servers = [run_server(handler, args.host, args.port, models.tts.sample_rate, routes=routes)]
+        access = BrowserAccess.of(args.auth_token, args.allowed_origin)
+        servers = [run_server(handler, args.host, args.port, models.tts.sample_rate, admission=admission,
+                              routes=routes, http_routes={"/metrics": metrics.exposition}, access=access),
+                   metrics.sample_loop_lag()]
         if args.audiosocket:
-            servers.append(run_audiosocket_server(handler, args.host, args.audiosocket))
+            servers.append(run_audiosocket_server(handler, args.host, args.audiosocket, admission=admission))
         await asyncio.gather(*servers)
 
     try:
@@ -268,6 +284,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace-dir", help="write a Perfetto trace (+ JSONL log) per session here")
     p.add_argument("--audiosocket", type=int, metavar="PORT",
                    help="also take phone calls from Asterisk's AudioSocket on this TCP port (SIP through a PBX)")
+    p.add_argument("--max-sessions", type=positive_int, default=16,
+                   help="conversations at once, every route and port together (default 16); beyond it a "
+                        "WebSocket gets HTTP 503 before it opens, an AudioSocket call is hung up")
+    p.add_argument("--auth-token", default=os.environ.get("DUPLEX_AUTH_TOKEN") or None,
+                   help="/ws then requires ?token=TOKEN or 'Authorization: Bearer TOKEN' (else HTTP 401); "
+                        "default: $DUPLEX_AUTH_TOKEN. Open the page as http://HOST:PORT/?token=TOKEN")
+    p.add_argument("--allowed-origin", action="append", metavar="ORIGIN",
+                   help="a web origin (scheme://host[:port]) whose pages may open /ws; repeat for more. "
+                        "The server's own origin always may; default: also http(s)://localhost and "
+                        "127.0.0.1 on any port. A browser from any other origin gets HTTP 403")
     _trace_args(p)
     _model_args(p)
     p.set_defaults(func=cmd_serve)

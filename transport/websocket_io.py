@@ -19,3 +19,11 @@ async def recv_or_none(ws) -> str | bytes | None:
         return await ws.recv()
     except ConnectionClosed:
         return None
+
+
+def abnormal_close(ws) -> str | None:
+    """Why a closed connection ended abnormally (lost without a close frame, a keepalive ping
+    timeout, an error code), or None: still open, or closed normally (1000, 1001)."""
+    if ws.close_code is None or ws.close_code in (1000, 1001):
+        return None
+    return str(ws.protocol.close_exc)

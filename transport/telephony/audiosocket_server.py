@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from transport.admission import Admission
 from transport.audio import Int16RateAdapter
 from transport.base import AudioOut, InputEvent, ProtocolError
 from transport.events import SessionEvent
@@ -127,25 +128,23 @@ Handler = Callable[[AudioSocketTransport], Awaitable[None]]
 
 
 async def run_audiosocket_server(handler: Handler, host: str, port: int, ready: asyncio.Event | None = None,
-                                 max_connections: int = 16) -> None:
+                                 admission: Admission | None = None) -> None:
     """Serve AudioSocket calls until cancelled; `handler(transport)` runs one conversation each.
-    Calls beyond `max_connections` are hung up at once."""
-    live = 0
+    Calls that `admission` refuses (default: beyond 16 at once) are hung up at once."""
+    admission = admission or Admission()
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal live
         transport = AudioSocketTransport(reader, writer)
-        if live >= max_connections:
-            log.warning("audiosocket: %d calls already; hanging up", live)
+        if (reason := admission.enter()) is not None:
+            log.warning("audiosocket: hanging up: %s", reason)
             await transport.close()
             return
-        live += 1
         try:
             await handler(transport)
         except Exception:
             log.exception("audiosocket session failed")
         finally:
-            live -= 1
+            admission.leave()
             await transport.close()
 
     server = await asyncio.start_server(on_connect, host, port)

@@ -15,7 +15,7 @@ from transport.audio import Int16RateAdapter
 from transport.base import AudioOut, InputEvent, ProtocolError
 from transport.events import SessionEvent
 from transport.telephony.media_streams import CallEnded
-from transport.websocket_io import recv_or_none, send_all
+from transport.websocket_io import abnormal_close, recv_or_none, send_all
 from transport.wire import BadInput
 
 log = logging.getLogger("duplex.phone")
@@ -74,3 +74,7 @@ class MediaStreamTransport:
 
     async def send_event(self, event: SessionEvent) -> None:
         """A phone has no screen: UI events go nowhere."""
+
+    def abnormal_end(self) -> str | None:
+        """Why the carrier's stream was lost (no close frame, a keepalive timeout), or None."""
+        return abnormal_close(self.ws)

@@ -14,10 +14,12 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from transport.admission import Admission
 from transport.audio import Int16RateAdapter
 from transport.base import AudioIn, AudioOut, ClientEvent, InputEvent, Played, Transport
 from transport.events import SessionEvent
-from transport.websocket_io import recv_or_none, send_all
+from transport.websocket_io import abnormal_close, recv_or_none, send_all
+from transport.web.access import BrowserAccess
 from transport.web.protocol import (
     ClientAudio, ProtocolError, decode_client, encode_audio, encode_event, error_event)
 
@@ -81,6 +83,10 @@ class WebSocketTransport:
     async def send_event(self, event: SessionEvent) -> None:
         await self._send(encode_event(event.to_wire()))
 
+    def abnormal_end(self) -> str | None:
+        """Why the page's connection was lost (no close frame, a keepalive timeout), or None."""
+        return abnormal_close(self.ws)
+
 
 def _static_response(path: str) -> Response:
     name = "index.html" if path in ("/", "/index.html") else path.removeprefix("/static/")
@@ -97,6 +103,25 @@ def _static_response(path: str) -> Response:
 
 Handler = Callable[[Transport], Awaitable[None]]
 TransportFactory = Callable[[ServerConnection], Transport]
+# an HTTP GET answered by the caller's code (e.g. /metrics): () -> (status, headers, body)
+HttpRoute = Callable[[], tuple[int, dict[str, str], bytes]]
+
+
+def _text(status: HTTPStatus, text: str) -> Response:
+    body = text.encode()
+    return Response(status.value, status.phrase, Headers([("Content-Type", "text/plain; charset=utf-8"),
+                                                          ("Content-Length", str(len(body))),
+                                                          ("Cache-Control", "no-store")]), body)
+
+
+def _probe(admission: Admission, path: str) -> Response:
+    """/healthz: the process answers. /readyz: it admits conversations now (a load balancer
+    sends new ones elsewhere while it is 503)."""
+    if path == "/healthz":
+        return _text(HTTPStatus.OK, "ok\n")
+    reason = admission.reason
+    return _text(HTTPStatus.OK, "ready\n") if reason is None else _text(HTTPStatus.SERVICE_UNAVAILABLE,
+                                                                        f"not ready: {reason}\n")
 
 
 def _path(request: Request) -> str:
@@ -104,24 +129,47 @@ def _path(request: Request) -> str:
 
 
 async def run_server(handler: Handler, host: str, port: int, output_sample_rate: int,
-                     ready: asyncio.Event | None = None, max_connections: int = 16,
-                     routes: dict[str, TransportFactory] | None = None) -> None:
+                     ready: asyncio.Event | None = None, admission: Admission | None = None,
+                     routes: dict[str, TransportFactory] | None = None,
+                     http_routes: dict[str, HttpRoute] | None = None,
+                     access: BrowserAccess | None = None) -> None:
     """Serve until cancelled. `handler(transport)` runs one conversation per WebSocket: the
-    browser's at /ws, and one more transport per path in `routes` (a phone media stream, say)."""
-    live = 0
+    browser's at /ws, and one more transport per path in `routes` (a phone media stream, say).
+    `admission` (default: 16 at once) refuses conversations beyond it with 503 before the
+    upgrade; `access` guards /ws (token, Origin); `http_routes` answer more GET paths."""
+    admission = admission or Admission()
+    access = access or BrowserAccess()
     factories: dict[str, TransportFactory] = {"/ws": lambda ws: WebSocketTransport(ws, output_sample_rate),
                                               **(routes or {})}
+    http_routes = http_routes or {}
 
     def process_request(connection: ServerConnection, request: Request):
-        if _path(request) in factories:
-            if live >= max_connections:
-                return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "too many sessions\n")
+        path = _path(request)
+        if path in factories:
+            # phone routes are not browser routes: their carriers sign requests their own way
+            refusal = access.refusal(request) if path == "/ws" else None
+            if refusal is not None:
+                log.warning("refused %s from %s: %s", path, connection.remote_address, refusal[1].strip())
+                response = _text(*refusal)
+                if refusal[0] == HTTPStatus.UNAUTHORIZED:
+                    response.headers["WWW-Authenticate"] = "Bearer"
+                return response
+            if (reason := admission.refuse()) is not None:
+                log.info("refused a conversation at %s: %s", path, reason)
+                return _text(HTTPStatus.SERVICE_UNAVAILABLE, f"too many sessions: {reason}\n")
             return None
-        return _static_response(_path(request))
+        if path in ("/healthz", "/readyz"):
+            return _probe(admission, path)
+        if path in http_routes:
+            status, headers, body = http_routes[path]()
+            return Response(status, HTTPStatus(status).phrase,
+                            Headers([*headers.items(), ("Content-Length", str(len(body)))]), body)
+        return _static_response(path)
 
     async def on_ws(ws: ServerConnection) -> None:
-        nonlocal live
-        live += 1
+        if (reason := admission.enter()) is not None:  # more handshakes passed at once than fit
+            await ws.close(1013, f"try again later: {reason}"[:120])
+            return
         try:
             await handler(factories[_path(ws.request)](ws))
         except Exception:
@@ -129,7 +177,7 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
             if _path(ws.request) == "/ws":  # the page shows errors; a phone peer reads none
                 await send_all(ws, error_event("internal", "the session failed; see the server log"))
         finally:
-            live -= 1
+            admission.leave()
 
     async with serve(on_ws, host, port, process_request=process_request, max_size=1 << 20,
                      max_queue=64) as server:

@@ -23,7 +23,10 @@ function line(cls, text) { const p = document.createElement("p"); p.className = 
 
 async function start() {
   $("start").disabled = true;
-  const url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws";
+  // a server started with --auth-token is opened as /?token=TOKEN: pass the token on to /ws
+  const token = new URLSearchParams(location.search).get("token");
+  const url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws" +
+    (token ? "?token=" + encodeURIComponent(token) : "");
   ws = new WebSocket(url);
   ws.binaryType = "arraybuffer";
   await new Promise((ok, bad) => { ws.onopen = ok; ws.onerror = bad; });

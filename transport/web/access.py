@@ -1,0 +1,57 @@
+"""Who may open a browser conversation: a shared token, when one is set, and the page's Origin,
+so that another web page the user visits cannot open ws://127.0.0.1:PORT/ws behind their back."""
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from http import HTTPStatus
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.http11 import Request
+
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
+
+
+def _origin(text: str) -> str:
+    return text.strip().rstrip("/").lower()
+
+
+@dataclass(frozen=True)
+class BrowserAccess:
+    """`token`: None lets anyone in. `allowed_origins`: besides the server's own origin (the
+    request's Host), the pages that may connect; empty means http(s)://localhost and 127.0.0.1
+    on any port. A request without an Origin header is not from a browser and is not checked."""
+
+    token: str | None = None
+    allowed_origins: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, token: str | None, allowed_origins: list[str] | None) -> BrowserAccess:
+        return cls(token or None, frozenset(_origin(o) for o in allowed_origins or ()))
+
+    def refusal(self, request: Request) -> tuple[HTTPStatus, str] | None:
+        """The status and reason to refuse this upgrade with, or None to let it through."""
+        origin = request.headers.get("Origin")
+        if origin is not None and not self._origin_allowed(_origin(origin), request.headers.get("Host", "")):
+            return HTTPStatus.FORBIDDEN, f"origin {origin} is not allowed (see --allowed-origin)\n"
+        if self.token is not None and not self._token_given(request):
+            return HTTPStatus.UNAUTHORIZED, "a token is required: ?token=TOKEN or Authorization: Bearer TOKEN\n"
+        return None
+
+    def _origin_allowed(self, origin: str, host: str) -> bool:
+        if origin in (f"http://{host.lower()}", f"https://{host.lower()}"):
+            return True
+        if self.allowed_origins:
+            return origin in self.allowed_origins
+        parts = urlsplit(origin)
+        hostname = parts.netloc.rsplit(":", 1)[0] if not parts.netloc.endswith("]") else parts.netloc
+        return parts.scheme in ("http", "https") and hostname in LOOPBACK_HOSTS
+
+    def _token_given(self, request: Request) -> bool:
+        given = parse_qs(urlsplit(request.path).query).get("token", [])
+        scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            given.append(credential.strip())
+        expected = self.token.encode()
+        # compare_digest: the time taken says nothing about how much of a wrong token was right
+        return any(hmac.compare_digest(g.encode(), expected) for g in given)
