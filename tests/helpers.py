@@ -35,6 +35,39 @@ def say(text: str, path: Path, rate: int = 16000) -> np.ndarray:
     return data
 
 
+async def page_conversation(url: str, audio: np.ndarray, rate: int, log: list[dict] | None = None,
+                            hold=None, timeout: float = 30.0) -> list[dict]:
+    """A browser-protocol client (what the page does): hello, the audio as PCM16 in 20 ms frames
+    at real time, then the server's JSON events into `log` until the reply is done or an error
+    came; stays connected until `hold` (an asyncio.Event) is set, if given."""
+    import asyncio
+    import json
+
+    from websockets.asyncio.client import connect
+
+    log = [] if log is None else log
+    frame = rate // 50
+    async with connect(url, max_size=1 << 22) as ws:
+        await ws.send(json.dumps({"type": "hello", "sample_rate": rate}))
+
+        async def read():
+            async for msg in ws:
+                if isinstance(msg, str):
+                    log.append(json.loads(msg))
+
+        reader = asyncio.create_task(read())
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        for k, i in enumerate(range(0, audio.size, frame)):
+            await ws.send((np.clip(audio[i:i + frame], -1, 1) * 32767).astype("<i2").tobytes())
+            await asyncio.sleep(max(0.0, t0 + (k + 1) * frame / rate - loop.time()))
+        await await_until(lambda: any(e["type"] in ("bot_done", "error") for e in log), timeout=timeout)
+        if hold is not None:
+            await hold.wait()
+        reader.cancel()
+    return log
+
+
 def kernel_socket_buffer_bytes() -> int:
     """The most the kernel buffers in one TCP connection's send and receive queues (max settings)."""
     total = 0

@@ -8,11 +8,9 @@ DIR is a tiny random checkpoint written as `python -m asr.kyutai --save-tiny DIR
 from __future__ import annotations
 
 import asyncio
-import json
 
 import numpy as np
 import pytest
-from websockets.asyncio.client import connect
 
 from agent.config import Models
 from agent.listener import Listener, TurnEnded, UserTranscript
@@ -21,7 +19,7 @@ from agent.trace import NullTracer
 from asr.engine_recognizer import EngineRecognizer
 from asr.kyutai import save_tiny
 from doubles import EnergyVAD, ScriptedLLM, ToneVoice, burst
-from helpers import await_until, free_port
+from helpers import await_until, free_port, page_conversation
 from transport.base import AudioIn
 from transport.web.server import run_server
 
@@ -83,26 +81,7 @@ def settled(words, speech_end: float) -> list[str]:
 
 
 async def talk(port: int, audio: np.ndarray, log: list[dict], hold: asyncio.Event | None = None) -> None:
-    """A browser-protocol client: hello, the audio at real time, then (optionally) stays until `hold`."""
-    async with connect(f"ws://127.0.0.1:{port}/ws", max_size=1 << 22) as ws:
-        await ws.send(json.dumps({"type": "hello", "sample_rate": RATE}))
-
-        async def read():
-            async for msg in ws:
-                if isinstance(msg, str):
-                    log.append(json.loads(msg))
-
-        reader = asyncio.create_task(read())
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        for k, i in enumerate(range(0, audio.size, FRAME)):
-            pcm16 = (np.clip(audio[i:i + FRAME], -1, 1) * 32767).astype("<i2")
-            await ws.send(pcm16.tobytes())
-            await asyncio.sleep(max(0.0, t0 + (k + 1) * FRAME / RATE - loop.time()))
-        await await_until(lambda: any(e["type"] in ("bot_done", "error") for e in log), timeout=30)
-        if hold is not None:
-            await hold.wait()
-        reader.cancel()
+    await page_conversation(f"ws://127.0.0.1:{port}/ws", audio, RATE, log, hold)
 
 
 async def test_conversations_share_the_engine_one_slot_each(checkpoint):

@@ -23,7 +23,7 @@ from agent.config import Models
 from agent.metrics import ServerMetrics
 from agent.session import Session, SessionConfig
 from doubles import EnergyVAD, ScriptedLLM, ScriptedRecognizer, ToneVoice, burst
-from helpers import await_until, free_port
+from helpers import await_until, free_port, page_conversation
 from transport.admission import Admission
 from transport.telephony.media_streams import DIALECTS, MediaStreamCall
 from transport.telephony.media_streams_ws import MediaStreamTransport
@@ -114,24 +114,8 @@ def question() -> np.ndarray:
 
 
 async def talk(url: str, audio: np.ndarray) -> list[dict]:
-    """A browser-protocol conversation: hello, 20 ms PCM16 frames at real time, until bot_done."""
-    log: list[dict] = []
-    async with connect(url, max_size=1 << 22) as ws:
-        await ws.send(json.dumps({"type": "hello", "sample_rate": RATE}))
-
-        async def read():
-            async for msg in ws:
-                if isinstance(msg, str):
-                    log.append(json.loads(msg))
-
-        reader = asyncio.create_task(read())
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        for k, i in enumerate(range(0, audio.size, FRAME)):
-            await ws.send((np.clip(audio[i:i + FRAME], -1, 1) * 32767).astype("<i2").tobytes())
-            await asyncio.sleep(max(0.0, t0 + (k + 1) * FRAME / RATE - loop.time()))
-        assert await await_until(lambda: any(e["type"] in ("bot_done", "error") for e in log), timeout=30)
-        reader.cancel()
+    log = await page_conversation(url, audio, RATE)
+    assert any(e["type"] in ("bot_done", "error") for e in log)
     return log
 
 
