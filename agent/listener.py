@@ -26,7 +26,7 @@ from agent.trace import Ev, Stage
 from agent.turns import (
     BargeIn, EndOfTurn, ResumeReply, SpeechPaused, SpeechResumed, SpeechStopped, StartUtterance, State, TurnConfig,
     TurnMachine)
-from agent.workers import run_in
+from agent.workers import cancel_and_wait, run_in
 from asr.base import (
     Flushed, Gap, Partial, RecognizerFailed, RecognizerStream, StreamingRecognizer, Utterances, Word, WordEvent)
 from asr.ring import AudioRing
@@ -168,19 +168,11 @@ class Listener:
 
     async def close(self) -> None:
         self._closing = True
-        tasks = [t for t in (self._early_task, self._final_task, self._eou_task) if t is not None]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait(self._early_task, self._final_task, self._eou_task)
         if self.stream is not None:
             with contextlib.suppress(Exception):
                 await self.stream.close()
-        if self._events_task is not None:
-            self._events_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._events_task
+        await cancel_and_wait(self._events_task)
 
     # ---- the reply's progress, from the session --------------------------------------------------
     async def bot_initiated(self) -> bool:

@@ -22,6 +22,7 @@ import numpy as np
 from agent.history import Heard
 from agent.records import TurnRecord
 from agent.trace import Ev, Stage
+from agent.workers import cancel_and_wait
 from llm.base import ChatModel, Message
 from transport.base import AudioOut, Transport
 from transport.events import BotText, SessionEvent
@@ -141,11 +142,7 @@ class Reply:
         self.gate.set()
 
     async def cancel(self) -> None:
-        task = self.task
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self.task)
 
     @property
     def running(self) -> bool:

@@ -22,7 +22,7 @@ from agent.replies import Replies
 from agent.reply import Reply
 from agent.trace import Ev, NullTracer, Stage, Tracer
 from agent.turns import State
-from agent.workers import run_in
+from agent.workers import cancel_and_wait, run_in
 from asr.base import RecognizerUnavailable
 from transport.base import AudioIn, ClientEvent, Played, Transport
 from transport.events import (
@@ -89,7 +89,7 @@ class Session:
         finally:
             self._ended = True
             await self.replies.end_with_session("session ended")
-            await _cancel(self._warm_task)
+            await cancel_and_wait(self._warm_task)
             await self.listener.close()
 
     async def _give_up(self, code: str, message: str) -> None:
@@ -231,13 +231,6 @@ class Session:
                 await run_in("llm-warm", warm, messages)
 
         self._warm_task = asyncio.create_task(run(), name="llm-warm")
-
-
-async def _cancel(task: asyncio.Task | None) -> None:
-    if task is not None and not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
 
 
 def _ns(t_seconds: float) -> int:

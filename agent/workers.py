@@ -4,6 +4,7 @@ later `to_thread` of every session."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,6 +17,17 @@ def pool(kind: str) -> ThreadPoolExecutor:
         size = min(_SIZES.get(kind, 1), os.cpu_count() or 1)
         _POOLS[kind] = ThreadPoolExecutor(size, thread_name_prefix=f"duplex-{kind}")
     return _POOLS[kind]
+
+
+async def cancel_and_wait(*tasks: asyncio.Task | None) -> None:
+    """Cancel the tasks still running and wait until they have ended (their errors are theirs:
+    a cancelled reply or decode has nothing left to report)."""
+    live = [t for t in tasks if t is not None and not t.done()]
+    for t in live:
+        t.cancel()
+    for t in live:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t
 
 
 async def run_in(kind: str, fn, *args):
