@@ -15,6 +15,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     generate_latest,
 )
 
@@ -37,6 +38,7 @@ class ServerMetrics:
     def __init__(self, engine=None):
         self.registry = CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
         self.active = Gauge("duplex_sessions_active", "Conversations live now", registry=r)
         self.total = Counter("duplex_sessions", "Conversations by how they ended (refused: never started)",
                              ["result"], registry=r)

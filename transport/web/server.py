@@ -105,6 +105,8 @@ Handler = Callable[[Transport], Awaitable[None]]
 TransportFactory = Callable[[ServerConnection], Transport]
 # an HTTP GET answered by the caller's code (e.g. /metrics): () -> (status, headers, body)
 HttpRoute = Callable[[], tuple[int, dict[str, str], bytes]]
+# who may open a route: the upgrade request -> None to let it through, or (status, reason) to refuse
+Guard = Callable[[Request], tuple[HTTPStatus, str] | None]
 
 
 def _text(status: HTTPStatus, text: str) -> Response:
@@ -132,13 +134,15 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
                      ready: asyncio.Event | None = None, admission: Admission | None = None,
                      routes: dict[str, TransportFactory] | None = None,
                      http_routes: dict[str, HttpRoute] | None = None,
-                     access: BrowserAccess | None = None) -> None:
+                     access: BrowserAccess | None = None, guards: dict[str, Guard] | None = None) -> None:
     """Serve until cancelled. `handler(transport)` runs one conversation per WebSocket: the
     browser's at /ws, and one more transport per path in `routes` (a phone media stream, say).
     `admission` (default: 16 at once) refuses conversations beyond it with 503 before the
-    upgrade; `access` guards /ws (token, Origin); `http_routes` answer more GET paths."""
+    upgrade; `access` guards /ws (token, Origin), `guards` the other routes (a carrier's
+    signature); `http_routes` answer more GET paths."""
     admission = admission or Admission()
     access = access or BrowserAccess()
+    guards = {"/ws": access.refusal, **(guards or {})}
     factories: dict[str, TransportFactory] = {"/ws": lambda ws: WebSocketTransport(ws, output_sample_rate),
                                               **(routes or {})}
     http_routes = http_routes or {}
@@ -146,8 +150,8 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
     def process_request(connection: ServerConnection, request: Request):
         path = _path(request)
         if path in factories:
-            # phone routes are not browser routes: their carriers sign requests their own way
-            refusal = access.refusal(request) if path == "/ws" else None
+            guard = guards.get(path)
+            refusal = guard(request) if guard is not None else None
             if refusal is not None:
                 log.warning("refused %s from %s: %s", path, connection.remote_address, refusal[1].strip())
                 response = _text(*refusal)
