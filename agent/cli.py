@@ -35,6 +35,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="smollm2-135m | qwen2.5-0.5b (default) | qwen2.5-1.5b | path to a .gguf | "
                         "URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 | "
                         "hf:NAME, a transformers model (hub id, directory, .gguf or bundled name)")
+    p.add_argument("--llm-timeout", type=float, default=5.0,
+                   help="seconds an --llm URL server may take for its first token, and between two tokens, "
+                        "before the reply fails and the user hears a short apology (default 5; 0: no limit)")
     p.add_argument("--llm-model", default=None,
                    help="model name at an OpenAI-compatible --llm URL (default: the first it lists)")
     p.add_argument("--tts", default="piper", help="piper (default, joe voice) | voice.onnx | espeak-ng | flite")
@@ -53,9 +56,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 def _session_config(args):
     from agent.session import SessionConfig
+    from llm.openai_compat import is_endpoint
 
+    # an LLM server can be down or stalled; the embedded model is only ever slow (load, which
+    # admission bounds), and an apology would not make it faster
+    timeout = (args.llm_timeout or None) if is_endpoint(args.llm) else None
     cfg = SessionConfig(mode=args.mode, max_tokens=args.max_tokens, speculate=not args.no_speculation,
-                        first_chunk_words=args.first_chunk_words)
+                        first_chunk_words=args.first_chunk_words, llm_timeout_s=timeout)
     cfg.turns.use_eou = not args.no_eou
     if args.system_prompt:
         cfg.system_prompt = args.system_prompt
@@ -69,21 +76,15 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
 
 
 def _write_trace(tracer, path: str) -> None:
-    from agent.trace_export import write_jsonl, write_perfetto
+    from agent.trace_export import write_trace
 
-    write_perfetto(tracer, path)
-    write_jsonl(tracer, path.removesuffix(".json") + ".jsonl")
+    write_trace(tracer, path)
 
 
 async def _run_traced(session, tracer) -> None:
-    """Run a session, sampling memory into the trace while it runs."""
-    from agent.profiling import MemorySampler
+    from agent.profiling import run_traced
 
-    if tracer is None:
-        await session.run()
-        return
-    async with MemorySampler(tracer, period_s=0.5):
-        await session.run()
+    await run_traced(session, tracer)
 
 
 def _profiling(args, trace_path: str | None):
@@ -113,55 +114,38 @@ def _engine_of(recognizer):
 
 
 def cmd_serve(args) -> int:
-    from agent.metrics import ServerMetrics
-    from agent.session import Session
-    from transport.admission import Admission
-    from transport.telephony.audiosocket_server import AudioSocketTransport, run_audiosocket_server
-    from transport.telephony.media_streams import DIALECTS, MediaStreamCall
-    from transport.telephony.media_streams_ws import MediaStreamTransport
-    from transport.telephony.vonage import VonageCall
-    from transport.web.access import BrowserAccess
-    from transport.web.server import run_server
+    import signal
 
-    from agent.trace import Tracer
+    from agent.load import LoadPolicy
+    from agent.serving import ServeConfig, Server
+    from transport.telephony.signatures import carrier_guards, unguarded_routes
 
     models = _load(args)
-    counter = iter(range(1 << 62))
-    metrics = ServerMetrics(engine=_engine_of(models.asr))
-    admission = Admission(args.max_sessions, on_refused=metrics.refused)  # one cap for every route and port
-
-    async def handler(transport) -> None:
-        kind = ("sip" if isinstance(transport, AudioSocketTransport) else
-                transport.call.name if isinstance(transport, MediaStreamTransport) else "web")
-        sid = f"{kind}{next(counter)}"
-        tracer = Tracer(sid, capacity=1 << 17) if args.trace_dir else None
-        async with metrics.conversation(sid, transport) as watched:
-            session = Session(models, watched, _session_config(args), tracer=tracer, session_id=sid)
-            try:
-                await _run_traced(session, tracer)
-            finally:
-                if tracer is not None:
-                    path = os.path.join(args.trace_dir, f"{sid}.trace.json")
-                    await asyncio.to_thread(_write_trace, tracer, path)
+    guards = carrier_guards(twilio_auth_token=args.twilio_auth_token, plivo_auth_token=args.plivo_auth_token,
+                            vonage_signature_secret=args.vonage_signature_secret,
+                            vonage_application_id=args.vonage_application_id, auth_token=args.auth_token,
+                            public_url=args.public_url)
+    if open_routes := unguarded_routes(guards):
+        logging.getLogger("duplex.serve").warning(
+            "phone routes %s are open to anyone who can reach the port (set --auth-token or a carrier's secret)",
+            ", ".join(open_routes))
+    config = ServeConfig(host=args.host, port=args.port, audiosocket_port=args.audiosocket, guards=guards,
+                         max_sessions=args.max_sessions, load=LoadPolicy(cpu_threshold=args.load_threshold),
+                         drain_timeout_s=args.drain_timeout, trace_dir=args.trace_dir, auth_token=args.auth_token,
+                         allowed_origins=args.allowed_origin or [], certfile=args.certfile, keyfile=args.keyfile)
 
     async def serve() -> None:
+        server = Server(models, _session_config(args), config, engine=_engine_of(models.asr))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # the first drains; a second ends at once
+            loop.add_signal_handler(sig, server.drain)
         print(f"duplex: phone media streams at ws://{args.host}:{args.port}/twilio, /telnyx, /plivo, /exotel "
               f"and /vonage (see the README's 'Phone calls')", flush=True)
-        routes = {f"/{name}": (lambda ws, d=d: MediaStreamTransport(ws, MediaStreamCall(d))) for name, d in DIALECTS.items()}
-        routes["/vonage"] = lambda ws: MediaStreamTransport(ws, VonageCall())
-        access = BrowserAccess.of(args.auth_token, args.allowed_origin)
-        servers = [run_server(handler, args.host, args.port, models.tts.sample_rate, admission=admission,
-                              routes=routes, http_routes={"/metrics": metrics.exposition}, access=access),
-                   metrics.sample_loop_lag()]
-        if args.audiosocket:
-            servers.append(run_audiosocket_server(handler, args.host, args.audiosocket, admission=admission))
-        await asyncio.gather(*servers)
+        await server.run()
+        print("duplex: drained; bye", flush=True)
 
-    try:
-        with _profiling(args, os.path.join(args.trace_dir or ".", "serve.trace.json")):
-            asyncio.run(serve())
-    except KeyboardInterrupt:
-        pass
+    with _profiling(args, os.path.join(args.trace_dir or ".", "serve.trace.json")):
+        asyncio.run(serve())
     return 0
 
 
@@ -273,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         return _delegate("agent.trace_report", argv[2:])
     if argv[:2] == ["bench", "latency"]:
         return _delegate("agent.bench_latency", argv[2:])
+    if argv[:2] in (["bench", "load"], ["bench", "soak"]):
+        return _delegate("agent.bench_load", argv[1:])
 
     parser = argparse.ArgumentParser(prog="duplex", description="A full-duplex voice agent that runs offline.")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -285,8 +271,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--audiosocket", type=int, metavar="PORT",
                    help="also take phone calls from Asterisk's AudioSocket on this TCP port (SIP through a PBX)")
     p.add_argument("--max-sessions", type=positive_int, default=16,
-                   help="conversations at once, every route and port together (default 16); beyond it a "
-                        "WebSocket gets HTTP 503 before it opens, an AudioSocket call is hung up")
+                   help="conversations at once, every route and port together (default 16); beyond it, or "
+                        "when the load is too high, a page gets HTTP 503 before its WebSocket opens and a "
+                        "phone call hears that all lines are busy")
+    p.add_argument("--load-threshold", type=float, default=0.8,
+                   help="refuse new conversations while the machine's CPU use (averaged over 3 s, plus 30%% "
+                        "for each conversation admitted in the last 4 s) is above this (default 0.8; 0: "
+                        "only --max-sessions). An idle server always takes one")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT: stop admitting, let live conversations end for up to this many "
+                        "seconds (default 30), then say goodbye to the rest and exit 0")
+    p.add_argument("--twilio-auth-token", default=os.environ.get("TWILIO_AUTH_TOKEN") or None,
+                   help="check Twilio's X-Twilio-Signature on /twilio with this account auth token "
+                        "(default: $TWILIO_AUTH_TOKEN)")
+    p.add_argument("--plivo-auth-token", default=os.environ.get("PLIVO_AUTH_TOKEN") or None,
+                   help="check Plivo's X-Plivo-Signature-V3 on /plivo (default: $PLIVO_AUTH_TOKEN)")
+    p.add_argument("--vonage-signature-secret", default=os.environ.get("VONAGE_SIGNATURE_SECRET") or None,
+                   help="check the signed JWT Vonage sends on /vonage (NCCO websocket endpoint with "
+                        "authorization type vonage; default: $VONAGE_SIGNATURE_SECRET)")
+    p.add_argument("--vonage-application-id", default=os.environ.get("VONAGE_APPLICATION_ID") or None,
+                   help="also require this application_id claim in Vonage's JWT")
+    p.add_argument("--public-url", default=os.environ.get("DUPLEX_PUBLIC_URL") or None,
+                   help="the wss:// base URL the carriers were given, when a proxy's Host differs "
+                        "(default: wss:// + the Host header); carriers sign that URL")
+    p.add_argument("--certfile", help="serve HTTPS/WSS with this PEM certificate (chain); see the README")
+    p.add_argument("--keyfile", help="the certificate's private key (PEM), if not in --certfile")
     p.add_argument("--auth-token", default=os.environ.get("DUPLEX_AUTH_TOKEN") or None,
                    help="/ws then requires ?token=TOKEN or 'Authorization: Bearer TOKEN' (else HTTP 401); "
                         "default: $DUPLEX_AUTH_TOKEN. Open the page as http://HOST:PORT/?token=TOKEN")
@@ -327,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("asr-serve", help="Kyutai-compatible streaming ASR server (see asr/PROTOCOL.md)")
     sub.add_parser("asr-bench", help="load client and engine benchmarks for the ASR server")
     sub.add_parser("trace", help="trace tools: `duplex trace report TRACE`")
-    sub.add_parser("bench", help="benchmarks: `duplex bench latency` (concurrent vs waterfall)")
+    sub.add_parser("bench", help="benchmarks: `duplex bench latency` (concurrent vs waterfall), "
+                                 "`duplex bench load` (conversations at once against a running server), "
+                                 "`duplex bench soak` (sequential conversations, RSS)")
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

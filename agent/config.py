@@ -5,7 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent.listener import ListenerConfig
-from agent.reply import ReplyConfig
+from agent.reply import LLM_APOLOGY, ReplyConfig
 from agent.turns import TurnConfig
 from asr.base import StreamingRecognizer
 from llm.base import ChatModel
@@ -33,10 +33,15 @@ class SessionConfig:
     greeting: str | None = None
     max_speculations_per_turn: int = 5
     final_pad_s: float = 0.12
+    # the LLM's first token must come within this, and each next one within this of the one
+    # before, or the reply fails (None: wait for ever); `--llm-timeout`
+    llm_timeout_s: float | None = 5.0
+    # spoken after a reply's LLM failed (down, stalled, cut off); not kept as what it said
+    llm_apology: str = LLM_APOLOGY
 
     def reply(self) -> ReplyConfig:
         return ReplyConfig(self.mode, self.max_tokens, self.first_chunk_words, self.playout_lead_s, self.piece_s,
-                           self.text_queue)
+                           self.text_queue, llm_timeout_s=self.llm_timeout_s, apology=self.llm_apology)
 
     def listener(self) -> ListenerConfig:
         return ListenerConfig(self.turns, self.max_speculations_per_turn, self.final_pad_s)

@@ -1,10 +1,10 @@
 """What `/metrics` shows of a serving process, in Prometheus text exposition: conversations live
 and ended (served, refused, failed), each finished turn's voice-to-voice time and stage breakdown
-(agent.stages), the in-process recognizer engine's free slots, and event-loop lag. One registry
+(agent.stages), the in-process recognizer engine's free slots, event-loop lag, the load that
+admission reads (CPU, the LLM's queue) and the process (memory, CPU time). One registry
 per server (not prometheus-client's global one), so servers and tests do not share counts."""
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -56,6 +56,13 @@ class ServerMetrics:
             Gauge("duplex_recognizer_slots_free", "Free slots of the in-process recognizer engine",
                   registry=r).set_function(lambda: engine.slots - len(engine.scheduler.sessions))
 
+    def show_load(self, monitor) -> None:
+        """The measured load that admission reads (agent.load.LoadMonitor)."""
+        Gauge("duplex_cpu_utilisation", "The machine's CPU use, averaged as admission reads it (0-1)",
+              registry=self.registry).set_function(lambda: monitor.cpu)
+        Gauge("duplex_llm_queue_depth", "Replies waiting for the LLM's first token",
+              registry=self.registry).set_function(monitor.llm_queue)
+
     def refused(self, reason: str) -> None:
         """transport.admission's on_refused."""
         self.total.labels("refused").inc()
@@ -91,15 +98,6 @@ class ServerMetrics:
             self.total.labels("failed" if reason else "served").inc()
             if reason:
                 log.warning("%s ended abnormally: %s", session_id, reason)
-
-    async def sample_loop_lag(self, period_s: float = 0.5) -> None:
-        """Until cancelled: how much later than asked the loop wakes a sleep of `period_s`."""
-        loop = asyncio.get_running_loop()
-        while True:
-            t0 = loop.time()
-            await asyncio.sleep(period_s)
-            self.loop_lag.observe(max(0.0, loop.time() - t0 - period_s))
-
 
 class WatchedTransport:
     """A conversation's transport, passed through, noting the events that metrics need: each

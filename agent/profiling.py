@@ -187,3 +187,12 @@ def profile_region(name: str):
     from torch.profiler import record_function
 
     return record_function(name)
+
+
+async def run_traced(session, tracer) -> None:
+    """Run a session, sampling memory into its trace (when it has one) while it runs."""
+    if tracer is None:
+        await session.run()
+        return
+    async with MemorySampler(tracer, period_s=0.5):
+        await session.run()

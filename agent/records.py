@@ -25,6 +25,10 @@ class TurnRecord:
     mouth_to_ear_ms: float | None = None  # measured in the page, when the transport has one
     speculative: bool = False  # the reply was started before the turn ended, and committed
     tts_samples: float = 0.0  # seconds of speech synthesized
+    # why the reply failed (its LLM down, stalled or cut off; its voice or the line broken),
+    # None when it did not; the user then heard an apology after the words in `heard_text`
+    error: str | None = None
+    tts_skipped: int = 0  # text chunks the voice failed on, skipped (not heard)
     tokens: list[str] = field(default_factory=list, repr=False)
 
     @property
@@ -39,7 +43,7 @@ class TurnRecord:
             "heard": self.heard_text, "interrupted": self.interrupted, "speculative": self.speculative,
             **breakdown(self.speech_end, self.endpoint, self.asr_final, self.llm_first_token,
                         self.tts_first_chunk, self.first_audio_out),
-            "mouth_to_ear_ms": self.mouth_to_ear_ms,
+            "mouth_to_ear_ms": self.mouth_to_ear_ms, "error": self.error, "tts_skipped": self.tts_skipped,
         }
 
 

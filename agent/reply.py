@@ -6,6 +6,16 @@ while the LLM still generates, and audio goes out while later clauses are synthe
 A reply is one task, its cancellation scope: cancelling it stops the LLM within a token and the
 voice within a chunk. A speculative reply runs behind a gate: its audio is held until the turn
 it guessed is confirmed. Every queue is bounded.
+
+Faults: the LLM must give its first token within `llm_timeout_s`, and each next one within
+`llm_timeout_s` of the one before (a stopped server sends nothing, and a healthy one sends a
+token every few tens of ms, so one bound serves both; only the time spent waiting for the
+LLM counts, not the time the reply spends speaking). When the LLM of a committed reply fails
+(down, stalled, cut off), the reply speaks `apology` in the same voice after the words already
+sent, records the error in its turn and tells the conversation (`hooks.reply_failed`). The
+apology is not part of the reply: its audio is kept out of the words heard (`heard_text`) and
+out of the turn's voice-to-voice. A chunk the voice fails on is skipped (tts/base.py), traced
+and counted in the turn; the reply goes on.
 """
 from __future__ import annotations
 
@@ -31,6 +41,14 @@ from tts.chunking import TextChunker
 
 log = logging.getLogger("duplex.reply")
 
+# what the user hears after a reply's LLM failed (the words already spoken stay heard)
+LLM_APOLOGY = "Sorry, I lost my train of thought. Could you say that again?"
+TTS_SKIP = "chunk_skipped"  # trace event (stage tts): a chunk the voice failed on, not heard
+
+
+class LLMStalled(RuntimeError):
+    """The LLM gave no token within the reply's `llm_timeout_s`."""
+
 
 @dataclass
 class ReplyConfig:
@@ -42,6 +60,9 @@ class ReplyConfig:
     playout_lead_s: float = 0.4  # audio sent ahead of real time; bounds the far end's buffer
     piece_s: float = 0.1  # size of each audio message
     text_queue: int = 8  # LLM -> TTS chunks in flight
+    # bound on each wait for the LLM's next token, the first one included (None: no bound)
+    llm_timeout_s: float | None = 5.0
+    apology: str = LLM_APOLOGY  # spoken after an LLM failure ("": nothing is said)
 
 
 class ReplyHooks(Protocol):
@@ -70,7 +91,8 @@ class Playout:
         self.sent_s = 0.0
         self.heard = Heard()
 
-    async def play(self, chunk: AudioChunk) -> None:
+    async def play(self, chunk: AudioChunk, heard: bool = True) -> None:
+        """`heard=False`: audio that is not the reply's words (an apology); kept out of `heard`."""
         first = True
         for pcm, text in split_chunk(chunk, self.piece_s):
             if self.t0 is None:
@@ -79,7 +101,8 @@ class Playout:
             if ahead > self.lead_s:
                 await asyncio.sleep(ahead - self.lead_s)
             cid = self._new_id()
-            self.heard.sent(cid, self.sent_s, text, clause=chunk.text if first else None)
+            if heard:
+                self.heard.sent(cid, self.sent_s, text, clause=chunk.text if first else None)
             first = False
             await self.transport.send_audio(AudioOut(pcm, chunk.sample_rate, cid, text))
             self.sent_s += pcm.size / chunk.sample_rate
@@ -98,6 +121,10 @@ class Playout:
 
     def heard_text(self) -> str:
         return self.heard.text(self.played())
+
+    def sent_text(self) -> str:
+        """The reply's words sent so far: what the user hears of it unless it is cut."""
+        return self.heard.text({cid for cid, _, _ in self.heard.pieces})
 
 
 def split_chunk(chunk: AudioChunk, piece_s: float) -> list[tuple[np.ndarray, str]]:
@@ -127,6 +154,7 @@ class Reply:
         if not speculative:
             self.gate.set()
         self.audible = False  # its first audio went out
+        self.llm_error: BaseException | None = None  # the LLM failed (vs. the voice or the line)
         self.spoken = ""  # what was said to the end: the spoken prefix, then the reply's text
         self.task: asyncio.Task | None = None
 
@@ -157,12 +185,34 @@ class Reply:
         except Exception as e:  # noqa: BLE001 - reported to the client, the session survives
             while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
                 e = e.exceptions[0]  # the TaskGroup's one failing stage
-            log.warning("turn %d: reply failed: %s", self.record.index, e)
-            self.tracer.instant(Stage.TURN, Ev.REPLY_ERROR, turn=self.record.index, error=str(e)[:200])
+            rec = self.record
+            log.warning("turn %d: reply failed: %s", rec.index, describe(e))
+            self.tracer.instant(Stage.TURN, Ev.REPLY_ERROR, turn=rec.index, error=describe(e)[:200])
             if not self.committed:
                 return  # an uncommitted speculation: the turn's end starts a fresh reply
-            self.record.reply_text = "".join(self.record.tokens).strip()
+            rec.reply_text = "".join(rec.tokens).strip()
+            rec.error = describe(e)
+            # the words sent before the failure play out (nothing clears them): they were heard
+            self.spoken = (self.spoken_prefix + " " + self.playout.sent_text()).strip()
+            rec.heard_text = self.spoken
+            if self.llm_error is not None and self.config.apology:
+                await self._apologize()
             await self.hooks.reply_failed(self, e)
+
+    async def _apologize(self) -> None:
+        """Say the apology after what was sent, in the same voice; a failure here is only logged
+        (a voice or a line that is broken cannot say it either)."""
+        async def text() -> AsyncIterator[str]:
+            yield self.config.apology
+
+        try:
+            async with contextlib.aclosing(self.tts.stream(text())) as chunks:
+                async for chunk in chunks:
+                    if chunk.error is None and chunk.pcm.size:
+                        await self._play(chunk, heard=False)
+            await self.playout.wait_played()
+        except Exception as e:  # noqa: BLE001
+            log.warning("turn %d: the apology could not be spoken: %s", self.record.index, describe(e))
 
     async def _stages(self) -> None:
         rec, cfg, tr = self.record, self.config, self.tracer
@@ -190,7 +240,24 @@ class Reply:
                     yield word + " "
                 return
             async with contextlib.aclosing(self.llm.stream(self.messages, cfg.max_tokens)) as toks:
-                async for tok in toks:
+                it, n = aiter(toks), 0
+                while True:
+                    limit = cfg.llm_timeout_s  # read at each wait: it may be changed mid-reply
+                    try:  # only the wait for the LLM is bounded, not what the reply does between tokens
+                        async with asyncio.timeout(limit) as deadline:
+                            tok = await anext(it)
+                    except StopAsyncIteration:
+                        return
+                    except Exception as e:
+                        if not deadline.expired():
+                            self.llm_error = e
+                            raise
+                        # the wait was cancelled inside the stream, which closed it (its connection)
+                        self.llm_error = LLMStalled(
+                            f"the LLM gave no first token within {limit:.1f} s" if not n else
+                            f"the LLM stopped: no token for {limit:.1f} s after {n} tokens")
+                        raise self.llm_error from None
+                    n += 1
                     yield tok
 
         async def think() -> None:
@@ -235,6 +302,11 @@ class Reply:
             try:
                 async with contextlib.aclosing(self.tts.stream(texts())) as chunks:
                     async for chunk in chunks:
+                        if chunk.error is not None:  # the voice failed on it (and logged it): skip
+                            rec.tts_skipped += 1
+                            tr.instant(Stage.TTS, TTS_SKIP, turn=rec.index, text=chunk.text[:200],
+                                       error=chunk.error[:200])
+                            continue
                         if not rec.tts_first_chunk:
                             rec.tts_first_chunk = time.perf_counter()
                             first_piece_done.set()
@@ -265,19 +337,27 @@ class Reply:
         await self.gate.wait()  # a speculative reply with no audio still waits to be committed
         rec.reply_text = "".join(tokens).strip()
         await self.playout.wait_played()
-        self.spoken = (self.spoken_prefix + " " + rec.reply_text).strip()  # a resumed reply follows what was heard
+        said = self.playout.sent_text() if rec.tts_skipped else rec.reply_text  # a skipped chunk was not heard
+        self.spoken = (self.spoken_prefix + " " + said).strip()  # a resumed reply follows what was heard
         rec.heard_text = self.spoken
         tr.instant(Stage.TURN, Ev.TURN_END, turn=rec.index)
         await self.hooks.reply_finished(self)
 
-    async def _play(self, chunk: AudioChunk) -> None:
+    async def _play(self, chunk: AudioChunk, heard: bool = True) -> None:
+        """`heard=False`: the apology, which is not the reply's first audio (its voice-to-voice)."""
         rec = self.record
         if not self.committed:
             await self.gate.wait()  # speculation: synthesized, but held until the turn is confirmed
             await self.hooks.send(BotText(rec.index, "".join(rec.tokens)))
-        if not self.audible:
-            self.audible = True
+        if heard and not rec.first_audio_out:
             rec.first_audio_out = time.perf_counter()
             self.tracer.instant(Stage.TRANSPORT, Ev.SEND_AUDIO, turn=rec.index, flow=rec.index + 1)
+        if not self.audible:
+            self.audible = True
             await self.hooks.reply_audible(self)
-        await self.playout.play(chunk)
+        await self.playout.play(chunk, heard)
+
+
+def describe(e: BaseException) -> str:
+    """An error as one line that is never empty."""
+    return str(e) or type(e).__name__

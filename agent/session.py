@@ -92,12 +92,20 @@ class Session:
             await cancel_and_wait(self._warm_task)
             await self.listener.close()
 
-    async def _give_up(self, code: str, message: str) -> None:
-        """The conversation cannot go on: say so (the page shows it; a phone hears an apology)."""
+    async def hang_up(self, code: str, message: str, spoken: str) -> None:
+        """End the conversation from this side (a server that drains): what plays stops, the
+        page is told why, `spoken` is said (a phone has no screen), and `run` returns."""
+        self._ended = True
+        await self.replies.end_with_session(message)
+        await self._give_up(code, message, spoken)
+        self._stop.set()
+
+    async def _give_up(self, code: str, message: str, spoken: str = APOLOGY) -> None:
+        """The conversation cannot go on: say so (the page shows it; a phone hears `spoken`)."""
         self._ended = True
         await self._send(SessionError(code, message, fatal=True))
         rec = TurnRecord(index=len(self.records))
-        reply = self.replies.start(rec, None, fixed_text=APOLOGY)
+        reply = self.replies.start(rec, None, fixed_text=spoken)
         with contextlib.suppress(Exception):
             await reply.task
 
@@ -210,9 +218,20 @@ class Session:
         await self._send(TurnLatency(rec.summary()))
 
     async def reply_failed(self, reply: Reply, error: BaseException) -> None:
+        """A committed reply failed (its LLM down, stalled or cut off; its voice or the line
+        broken). The reply has recorded the error in its turn and, for an LLM failure, spoken
+        its apology. The history keeps what was heard of the answer, never the apology (the LLM
+        did not say it); when nothing was heard the exchange is not kept at all: the user was
+        asked to say it again, and the roles still alternate for strict chat templates. The
+        conversation goes on: the page is told (not fatal), and the next turn asks the LLM anew."""
+        rec = reply.record
+        rec.error = rec.error or str(error) or type(error).__name__
+        if reply.spoken:
+            self._history.remember(rec.user_text, reply.spoken)
         self.replies.finished(reply)
         await self.listener.reply_finished()
-        await self._send(SessionError("reply_failed", str(error)))
+        await self._send(SessionError("reply_failed", rec.error))
+        await self._send(TurnLatency(rec.summary()))
 
     # ---- prompt warming -----------------------------------------------------------------------------
     def _warm(self, user_so_far: str | None) -> None:

@@ -396,6 +396,12 @@ def write_perfetto(events: Tracer | Iterable[Event], path: str, **kw: Any) -> st
     return path
 
 
+def write_trace(tracer: Tracer, path: str) -> None:
+    """A session's trace as Perfetto JSON at `path`, and as JSON lines beside it."""
+    write_perfetto(tracer, path)
+    write_jsonl(tracer, path.removesuffix(".json") + ".jsonl")
+
+
 def _from_perfetto(doc: dict | list) -> list[Event]:
     if isinstance(doc, list):
         tes, other = doc, {}

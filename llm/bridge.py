@@ -9,19 +9,33 @@ it, so a consumer that stops reading for a while also stops the computation (a l
 gives the cores back to the voice while the first audio is synthesized). Throughput is the
 same as long as the consumer asks again at once, which an `async for` does.
 
-`executor`: where the worker runs (default: the loop's default thread pool). A model whose
-runtime keeps per-thread state passes its own one-thread executor (see llm/llamacpp.py).
+`executor`: where the worker runs (default: a small pool of this module's, never asyncio's
+default executor, which every `to_thread` of the process shares). A model whose runtime keeps
+per-thread state passes its own one-thread executor (see llm/llamacpp.py).
+
+Abandonment: a reader that neither reads nor closes the stream for `abandon_after_s` (a
+conversation gone without closing what it held) loses it: the worker stops, closes its
+generator (a model's lock is released) and leaves an `AbandonedStream` error for a reader that
+comes back. No worker waits forever on a reader, so no later conversation waits on that worker.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
 _DONE = object()
+_POOL = ThreadPoolExecutor(4, thread_name_prefix="duplex-bridge")
+ABANDON_AFTER_S = 30.0  # far above any wait of a live reader (a held speculation waits ~1-2 s)
+
+
+class AbandonedStream(RuntimeError):
+    """The stream was not read for too long, and its worker stopped."""
 
 
 class _Error:
@@ -31,17 +45,33 @@ class _Error:
 
 async def iterate_in_thread(make_iter: Callable[[threading.Event], Iterator[T]],
                             maxsize: int = 16, on_demand: bool = False,
-                            executor: Executor | None = None) -> AsyncIterator[T]:
+                            executor: Executor | None = None,
+                            abandon_after_s: float = ABANDON_AFTER_S) -> AsyncIterator[T]:
     """Yield the items of `make_iter(stop_event)` as they are produced in a worker thread."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue(maxsize=maxsize)
     stop = threading.Event()
     asks = threading.Semaphore(0)  # on demand: items the consumer has asked for, not yet made
 
+    def abandon() -> None:
+        """On the loop: the reader is gone; what it left unread is dropped for the error."""
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(_Error(AbandonedStream(f"not read for {abandon_after_s:.0f} s; its worker stopped")))
+
+    def give_up() -> bool:
+        stop.set()
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(abandon)
+        return False
+
     def asked() -> bool:
+        deadline = time.monotonic() + abandon_after_s
         while not asks.acquire(timeout=0.1):
             if stop.is_set() or loop.is_closed():  # a closed loop: nobody will ever ask again
                 return False
+            if time.monotonic() > deadline:
+                return give_up()
         return not stop.is_set()
 
     def put(item) -> bool:
@@ -53,14 +83,15 @@ async def iterate_in_thread(make_iter: Callable[[threading.Event], Iterator[T]],
         except RuntimeError:  # the loop closed meanwhile
             coro.close()
             return False
-        while True:  # wait for room, but notice a stop while waiting
+        deadline = time.monotonic() + abandon_after_s
+        while True:  # wait for room, but notice a stop (or a reader long gone) while waiting
             try:
                 fut.result(timeout=0.1)
                 return True
             except TimeoutError:
-                if stop.is_set():
+                if stop.is_set() or time.monotonic() > deadline:
                     fut.cancel()
-                    return False
+                    return False if stop.is_set() else give_up()
             except (asyncio.CancelledError, RuntimeError):
                 return False
 
@@ -83,7 +114,7 @@ async def iterate_in_thread(make_iter: Callable[[threading.Event], Iterator[T]],
                 close()  # a generator releases what it holds (a model lock) here, not at GC
         put(_DONE)
 
-    worker = loop.run_in_executor(executor, work)
+    worker = loop.run_in_executor(executor or _POOL, work)
     try:
         while True:
             if on_demand:

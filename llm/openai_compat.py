@@ -8,6 +8,14 @@ which is what single-model servers (llama.cpp, vLLM) expect. The key comes from
 Generation is network I/O on the event loop (nothing blocks it). Closing the stream closes the
 HTTP response, which is how these servers learn to stop generating; no text is buffered beyond
 the chunk being read.
+
+Faults: the client never retries (`max_retries=0`): a retry would hide a server that is down
+behind seconds of silence, and the reply's own deadline (`llm_timeout_s`, agent/reply.py) is
+what bounds the wait for the first and each next token; `timeout_s` is only the HTTP client's
+outer bound. A refused connection, an HTTP error and a connection cut mid-answer (server killed,
+proxy gone) each raise `LLMError`. A stream abandoned at any point (closed, or its task
+cancelled by that deadline while a request or a read waits) closes its HTTP response, so the
+connection is released, never left open to a server that stopped answering.
 """
 from __future__ import annotations
 
@@ -59,11 +67,13 @@ class OpenAICompatChat:
             raise LLMError(f"cannot reach the LLM server at {self.base_url}: {e}") from e
         except openai.APIStatusError as e:
             raise LLMError(f"the LLM server at {self.base_url} answered HTTP {e.status_code}: {e.message[:500]}") from e
+        pieces = 0
         try:
             async for chunk in response:
                 if chunk.choices and (text := chunk.choices[0].delta.content):
+                    pieces += 1
                     yield text
         except openai.APIError as e:
-            raise LLMError(f"the LLM stream from {self.base_url} failed: {e}") from e
+            raise LLMError(f"the LLM stream from {self.base_url} broke off after {pieces} pieces: {e}") from e
         finally:
-            await response.close()
+            await response.close()  # also when cancelled: the connection is not kept

@@ -37,34 +37,14 @@ def say(text: str, path: Path, rate: int = 16000) -> np.ndarray:
 
 async def page_conversation(url: str, audio: np.ndarray, rate: int, log: list[dict] | None = None,
                             hold=None, timeout: float = 30.0) -> list[dict]:
-    """A browser-protocol client (what the page does): hello, the audio as PCM16 in 20 ms frames
-    at real time, then the server's JSON events into `log` until the reply is done or an error
-    came; stays connected until `hold` (an asyncio.Event) is set, if given."""
-    import asyncio
-    import json
-
-    from websockets.asyncio.client import connect
+    """A browser-protocol client (what the page does; transport.web.client.converse): hello, the
+    audio as PCM16 in 20 ms frames at real time, then the server's JSON events into `log` until
+    the reply is done or an error came; stays connected until `hold` (an asyncio.Event) is set,
+    if given."""
+    from transport.web.client import converse
 
     log = [] if log is None else log
-    frame = rate // 50
-    async with connect(url, max_size=1 << 22) as ws:
-        await ws.send(json.dumps({"type": "hello", "sample_rate": rate}))
-
-        async def read():
-            async for msg in ws:
-                if isinstance(msg, str):
-                    log.append(json.loads(msg))
-
-        reader = asyncio.create_task(read())
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        for k, i in enumerate(range(0, audio.size, frame)):
-            await ws.send((np.clip(audio[i:i + frame], -1, 1) * 32767).astype("<i2").tobytes())
-            await asyncio.sleep(max(0.0, t0 + (k + 1) * frame / rate - loop.time()))
-        await await_until(lambda: any(e["type"] in ("bot_done", "error") for e in log), timeout=timeout)
-        if hold is not None:
-            await hold.wait()
-        reader.cancel()
+    await converse(url, audio, rate, events=log, hold=hold, reply_timeout=timeout)
     return log
 
 
@@ -191,21 +171,29 @@ def duplex_asr_serve(*args: str, timeout: float = 120.0):
 
 
 @contextlib.contextmanager
-def duplex_serve(*args: str):
-    """`duplex serve --port PORT *args` in a subprocess, up and answering HTTP; yields PORT and
-    prints the end of its output when it stops."""
+def duplex_serve_process(*args: str):
+    """`duplex serve --port PORT *args` in a subprocess, up and answering HTTP; yields (PORT,
+    the process) and prints the end of its output when it stops (SIGTERM, if still running)."""
     port = free_port()
     cmd = [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), *args]
     proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         wait_http(f"http://127.0.0.1:{port}/", proc)
-        yield port
+        yield port, proc
     finally:
-        proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
         try:
-            out, _ = proc.communicate(timeout=10)
+            out, _ = proc.communicate(timeout=40)  # SIGTERM drains: up to --drain-timeout
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
         print(out[-4000:])
+
+
+@contextlib.contextmanager
+def duplex_serve(*args: str):
+    """`duplex serve` as `duplex_serve_process`; yields PORT."""
+    with duplex_serve_process(*args) as (port, _):
+        yield port

@@ -2,6 +2,7 @@
 import asyncio
 import contextlib
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -56,8 +57,6 @@ async def test_closing_early_stops_the_worker_and_closes_its_generator():
 def test_a_worker_left_waiting_by_a_closed_loop_ends():
     """A reader whose event loop is closed without closing the stream (an abrupt exit) must not
     leave the worker waiting for a request forever: the process would hang at exit joining it."""
-    from concurrent.futures import ThreadPoolExecutor
-
     closed = threading.Event()
 
     def gen(stop):
@@ -72,4 +71,33 @@ def test_a_worker_left_waiting_by_a_closed_loop_ends():
     assert loop.run_until_complete(anext(items)) == 0
     loop.close()  # the stream is never closed
     assert closed.wait(2.0), "the worker is still waiting for its reader"
+    pool.shutdown(wait=True)
+
+
+@pytest.mark.parametrize("on_demand", [True, False])
+async def test_a_reader_that_neither_reads_nor_closes_loses_the_stream(on_demand):
+    """The wedge of issue 17: a conversation gone without closing its LLM stream left the one
+    model thread waiting for it forever, holding the model, and every later conversation
+    waited behind it. Now the worker gives up, releases what it holds, and a reader that comes
+    back hears why."""
+    from llm.bridge import AbandonedStream
+
+    lock = threading.Lock()
+
+    def gen(stop):
+        with lock:  # what a model holds while it generates
+            yield from range(1000)
+
+    pool = ThreadPoolExecutor(1)
+    items = iterate_in_thread(gen, maxsize=2, on_demand=on_demand, executor=pool, abandon_after_s=0.3)
+    assert await anext(items) == 0
+    # the reader keeps the stream but never reads again: the worker must let go of the lock
+    assert await asyncio.to_thread(lock.acquire, True, 5.0), "the worker still holds the model"
+    lock.release()
+    # the pool's one thread is free again: the next stream runs
+    async with contextlib.aclosing(iterate_in_thread(gen, maxsize=2, on_demand=on_demand, executor=pool)) as fresh:
+        assert await anext(fresh) == 0
+    with pytest.raises(AbandonedStream):
+        async for _ in items:
+            pass
     pool.shutdown(wait=True)

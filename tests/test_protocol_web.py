@@ -59,3 +59,21 @@ def test_audio_round_trip():
     assert cid == 123456 and np.array_equal(back, pcm)
     out = decode_client(pcm.astype("<i2").tobytes())
     assert np.allclose(out.pcm * 32768, pcm)
+
+
+@pytest.mark.parametrize("message", [
+    '{"type": "played", "id": 1, "event": "start", "server_ms": 1e308}',  # crashed the session's clock (int(inf))
+    '{"type": "played", "id": 1, "event": "end", "t": -1e300}',
+    '{"type": "ping", "t": 1e16}',
+    '{"type": "metrics", "turn": 0, "mouth_to_ear_ms": 1e200}',
+    '{"type": "ping", "t": ' + "9" * 400 + '}',  # an int too large for a float: crashed math.isfinite
+    '{"type": "ping", "t": NaN}',
+])
+def test_times_beyond_any_clock_are_errors(message):
+    """Found by scripts/fuzz_sockets.py: a `played` whose server_ms was 1e308 ended the session
+    (its nanoseconds overflowed), and an integer too large for a float crashed the finite check;
+    every time is now bounded where it is decoded."""
+    with pytest.raises(ProtocolError) as e:
+        decode_client(message)
+    assert e.value.code == "bad_message"
+    assert decode_client('{"type": "played", "id": 1, "event": "start", "server_ms": 1e12}').data["server_ms"] == 1e12

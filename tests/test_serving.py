@@ -17,18 +17,17 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from agent.config import Models
+from agent.load import LoadMonitor, LoadPolicy
 from agent.metrics import ServerMetrics
-from agent.session import Session, SessionConfig
+from agent.serving import ServeConfig, Server
+from agent.session import SessionConfig
 from doubles import EnergyVAD, ScriptedLLM, ScriptedRecognizer, ToneVoice, burst
 from helpers import await_until, free_port, page_conversation
+from media_stream_peers import peer
 from transport.admission import Admission
-from transport.telephony.media_streams import DIALECTS, MediaStreamCall
-from transport.telephony.media_streams_ws import MediaStreamTransport
-from transport.web.access import BrowserAccess
-from transport.web.server import run_server
 
 RATE = 16000
 FRAME = 320  # 20 ms, as the page sends
@@ -37,43 +36,50 @@ FRAME = 320  # 20 ms, as the page sends
 @dataclass
 class Served:
     port: int
-    admission: Admission
-    metrics: ServerMetrics
+    server: Server
+    task: asyncio.Task  # Server.run
 
-    def url(self, path: str) -> str:
-        return f"ws://127.0.0.1:{self.port}{path}"
+    @property
+    def admission(self) -> Admission:
+        return self.server.admission
+
+    @property
+    def metrics(self) -> ServerMetrics:
+        return self.server.metrics
+
+    def url(self, path: str, scheme: str = "ws") -> str:
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
+
+
+def doubles(reply: str = "It is noon.") -> Models:
+    return Models(asr=ScriptedRecognizer(["what time is it"] * 64), llm=ScriptedLLM(reply),
+                  tts=ToneVoice(), vad_factory=EnergyVAD)
 
 
 @contextlib.asynccontextmanager
-async def serving(max_sessions: int = 16, token: str | None = None, origins: list[str] | None = None):
-    """A server as cmd_serve builds one: one admission and one metrics object, each conversation
-    a Session on the watched transport, /metrics among the HTTP routes, the lag sampler on."""
-    models = Models(asr=ScriptedRecognizer(["what time is it"] * 8), llm=ScriptedLLM("It is noon."),
-                    tts=ToneVoice(), vad_factory=EnergyVAD)
-    cfg = SessionConfig(speculate=False)
+async def serving(max_sessions: int = 16, token: str | None = None, origins: list[str] | None = None,
+                  monitor: LoadMonitor | None = None, models: Models | None = None,
+                  session: dict | None = None, **config):
+    """`duplex serve`'s own Server (agent.serving) on the test doubles for models (or `models`),
+    `session` overriding SessionConfig fields. The measured load is off unless a test gives a
+    monitor: the test machine's CPU is not the server's."""
+    cfg = SessionConfig(speculate=False, **(session or {}))
     cfg.turns.use_eou = False
-    metrics = ServerMetrics()
-    admission = Admission(max_sessions, on_refused=metrics.refused)
-    ids = itertools.count()
-
-    async def handler(transport):
-        sid = f"web{next(ids)}"
-        async with metrics.conversation(sid, transport) as watched:
-            await Session(models, watched, cfg, session_id=sid).run()
-
-    port, ready = free_port(), asyncio.Event()
-    phone = {"/twilio": lambda ws: MediaStreamTransport(ws, MediaStreamCall(DIALECTS["twilio"]))}
-    tasks = [asyncio.create_task(run_server(handler, "127.0.0.1", port, 16000, ready, admission=admission,
-                                            routes=phone, http_routes={"/metrics": metrics.exposition},
-                                            access=BrowserAccess.of(token, origins))),
-             asyncio.create_task(metrics.sample_loop_lag(period_s=0.02))]
-    await asyncio.wait_for(ready.wait(), 10)
+    port = free_port()
+    serve_config = ServeConfig(port=port, max_sessions=max_sessions, auth_token=token,
+                               allowed_origins=origins or [], load=LoadPolicy(cpu_threshold=0), **config)
+    server = Server(models or doubles(), cfg, serve_config, monitor=monitor)
+    task = asyncio.create_task(server.run())
+    await asyncio.wait([task, asyncio.create_task(server.ready.wait())], return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()
     try:
-        yield Served(port, admission, metrics)
+        yield Served(port, server, task)
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if not task.done():
+            server.drain()
+            server.drain()  # at once
+        await asyncio.wait_for(task, 30)
 
 
 async def get(port: int, path: str) -> tuple[int, dict, str]:
@@ -218,3 +224,205 @@ async def test_free_recognizer_slots_follow_the_in_process_engine():
         assert await await_until(lambda: free() == 2, timeout=10)
     finally:
         await engine.aclose()
+
+
+# ---- admission by measured load, drain, TLS ----------------------------------------------------
+class SetLoad(LoadMonitor):
+    """The machine's CPU as the test sets it (`level`), not as this busy test machine's."""
+
+    level = 0.0
+
+    async def run(self, period_s: float = 0.5, on_lag=None) -> None:
+        while True:
+            self.observe(self.level, 0.0)
+            await asyncio.sleep(0.05)
+
+
+async def phone_call(url: str, seconds: float = 20.0) -> list[tuple[float, str, int]]:
+    """A Twilio call (its documented messages, tests/media_stream_peers.py) sending silence at
+    real time until the server closes it or `seconds` pass: (arrival time, kind, audio bytes)
+    of what it read."""
+    twilio = peer("twilio")
+    read: list[tuple[float, str]] = []
+    loop = asyncio.get_running_loop()
+    async with connect(url) as ws:
+        await ws.send(twilio.connected())
+        await ws.send(twilio.start())
+
+        async def reader():
+            with contextlib.suppress(ConnectionClosed):
+                async for message in ws:
+                    kind, payload = twilio.read(message)
+                    read.append((loop.time(), kind, len(payload) if kind == "audio" else 0))
+
+        reading = asyncio.create_task(reader())
+        deadline = loop.time() + seconds
+        with contextlib.suppress(Exception):  # the server closing ends the call
+            for chunk in itertools.count(1):
+                if reading.done() or loop.time() > deadline:
+                    break
+                await ws.send(twilio.media(b"\xff" * 160, chunk))  # 20 ms of mu-law silence
+                await asyncio.sleep(0.02)
+        await asyncio.wait_for(reading, 10)
+        read.append((loop.time(), f"closed {ws.close_code}", 0))
+    return read
+
+
+def audio_seconds(read: list[tuple[float, str, int]]) -> float:
+    return sum(n for _, _, n in read) / 8000  # 8 kHz mu-law: a byte a sample
+
+
+def tone_seconds(text: str) -> float:
+    return ToneVoice().word_s * len(text.split())
+
+
+def test_load_monitor_refuses_on_cpu_reservations_llm_queue_and_lag():
+    now = [100.0]
+    queue = [0]
+    m = LoadMonitor(LoadPolicy(cpu_threshold=0.8, reservation=0.3, settle_s=4.0, window_s=3.0, max_llm_queue=2,
+                               max_lag_s=0.25), llm_queue=lambda: queue[0], clock=lambda: now[0])
+    m.observe(0.95, 0.0)
+    assert m.reason(live=0) is None  # an idle server always takes one
+    assert "CPU 95%" in m.reason(live=1)
+    now[0] += 3.5  # the window moved past that reading
+    m.observe(0.2, 0.0)
+    assert m.reason(live=1) is None
+    m.admitted()
+    assert m.reason(live=2) is None  # 20% + 30%
+    m.admitted()
+    assert m.reason(live=3) is None  # 20% + 60% is not above 80%
+    m.admitted()
+    assert "90% reserved" in m.reason(live=4)
+    now[0] += 4.5  # the reservations settled: their load is in the CPU readings by now
+    m.observe(0.2, 0.0)
+    assert m.reason(live=4) is None
+    queue[0] = 3
+    assert "3 replies wait for the LLM" in m.reason(live=4)
+    queue[0] = 0
+    m.observe(0.2, 0.4)
+    assert "event loop is 400 ms late" in m.reason(live=4)
+    assert LoadMonitor(LoadPolicy(cpu_threshold=0), clock=lambda: now[0]).reason(live=9) is None  # off
+
+
+async def test_beyond_the_measured_load_a_page_gets_503_and_a_phone_hears_all_lines_are_busy():
+    from agent.serving import BUSY
+
+    monitor = SetLoad(LoadPolicy(cpu_threshold=0.8, window_s=0.5, settle_s=0.5))
+    monitor.level = 0.95
+    async with serving(monitor=monitor) as s:
+        async with connect(s.url("/ws")):  # an idle server takes one whatever the load
+            assert await await_until(lambda: s.admission.live == 1, timeout=10)
+            status, _, body = await get(s.port, "/readyz")
+            assert status == 503 and "busy: CPU 95%" in body
+            assert await refused_status(s.url("/ws")) == 503
+            read = await phone_call(s.url("/twilio"))
+            assert read[-1][1] == "closed 1013"
+            assert audio_seconds(read) == pytest.approx(tone_seconds(BUSY), abs=0.15)
+            assert s.admission.live == 1  # the refused call was never a conversation
+            monitor.level = 0.1  # the load went down: admitted again
+            assert await await_until(lambda: s.admission.admitting, timeout=10)
+            assert (await get(s.port, "/readyz"))[0] == 200
+        samples = await metric_samples(s.port)
+    assert samples[("duplex_sessions_total", (("result", "refused"),))] == 2
+    assert 0.1 <= samples[("duplex_cpu_utilisation", ())] <= 0.8  # the average admission read last
+
+
+async def test_a_refused_audiosocket_call_hears_the_busy_message_then_is_hung_up():
+    from agent.serving import BUSY
+    from transport.telephony.audiosocket import HANGUP, UUID, FrameParser, encode_frame
+
+    asp = free_port()
+    async with serving(max_sessions=1, audiosocket_port=asp) as s:
+        async with connect(s.url("/ws")):
+            assert await await_until(lambda: s.admission.live == 1, timeout=10)
+            reader, writer = await asyncio.open_connection("127.0.0.1", asp)
+            writer.write(encode_frame(UUID, bytes(range(16))))
+            parser, audio_bytes, hung_up = FrameParser(), 0, False
+
+            async def send_silence():
+                while True:
+                    writer.write(encode_frame(0x10, bytes(320)))  # 20 ms of 8 kHz PCM
+                    await writer.drain()
+                    await asyncio.sleep(0.02)
+
+            sending = asyncio.create_task(send_silence())
+            try:
+                while not hung_up and (data := await asyncio.wait_for(reader.read(4096), 15)):
+                    for frame in parser.feed(data):
+                        audio_bytes += len(frame.payload) if frame.kind == 0x10 else 0
+                        hung_up |= frame.kind == HANGUP
+            finally:
+                sending.cancel()
+                await asyncio.gather(sending, return_exceptions=True)
+                writer.close()
+            assert hung_up
+            assert audio_bytes / 2 / 8000 == pytest.approx(tone_seconds(BUSY), abs=0.15)
+
+
+async def test_drain_lets_a_live_conversation_finish_and_refuses_new_ones():
+    async with serving(drain_timeout_s=30) as s:
+        talking = asyncio.create_task(page_conversation(s.url("/ws"), question(), RATE))
+        assert await await_until(lambda: s.admission.live == 1, timeout=10)
+        s.server.drain()
+        status, _, body = await get(s.port, "/readyz")
+        assert status == 503 and "draining" in body
+        assert await refused_status(s.url("/ws")) == 503
+        assert (await get(s.port, "/healthz"))[0] == 200  # alive while it drains
+        log = await asyncio.wait_for(talking, 30)
+        assert [e for e in log if e["type"] == "bot_done"] and not [e for e in log if e["type"] == "error"]
+        await asyncio.wait_for(s.task, 10)  # the last conversation ended: the server is done
+
+
+async def test_a_call_still_live_at_the_drain_timeout_hears_goodbye():
+    from agent.serving import GOODBYE
+
+    async with serving(drain_timeout_s=0.5) as s:
+        call = asyncio.create_task(phone_call(s.url("/twilio")))
+        assert await await_until(lambda: s.admission.live == 1, timeout=10)
+        drained_at = asyncio.get_running_loop().time()
+        s.server.drain()
+        read = await asyncio.wait_for(call, 30)
+        await asyncio.wait_for(s.task, 10)
+    after = [r for r in read if r[0] > drained_at]
+    assert after[-1][1] == "closed 1000"
+    assert audio_seconds(after) == pytest.approx(tone_seconds(GOODBYE), abs=0.15)
+
+
+async def test_tls_serves_https_and_wss(tmp_path):
+    import ssl
+    import subprocess
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    trust = ssl.create_default_context(cafile=str(cert))
+    async with serving(certfile=str(cert), keyfile=str(key)) as s:
+        def fetch():
+            with urllib.request.urlopen(f"https://127.0.0.1:{s.port}/healthz", timeout=10, context=trust) as r:
+                return r.status
+        assert await asyncio.to_thread(fetch) == 200
+        assert await refused_status(s.url("/ws", "wss"), ssl=trust) is None  # hello answered by ready
+        with pytest.raises(Exception):  # plain WebSocket to a TLS port
+            async with connect(s.url("/ws"), open_timeout=5):
+                pass
+
+
+async def test_the_llm_queue_counts_replies_waiting_for_their_first_token():
+    from agent.load import QueuedLLM
+
+    llm = QueuedLLM(ScriptedLLM("one two three", token_s=0.05))
+    user = [{"role": "user", "content": "count"}]
+    a, b = llm.stream(user), llm.stream(user)
+    first_a, first_b = asyncio.create_task(anext(a)), asyncio.create_task(anext(b))
+    assert await await_until(lambda: llm.waiting == 2, timeout=5)
+    assert await first_a == "one" and await first_b == "one"
+    assert llm.waiting == 0  # generating is not waiting
+    await a.aclose()
+    await b.aclose()
+    c = llm.stream(user)
+    never = asyncio.create_task(anext(c))
+    assert await await_until(lambda: llm.waiting == 1, timeout=5)
+    never.cancel()  # a reply cancelled before its first token leaves the queue
+    await asyncio.gather(never, return_exceptions=True)
+    assert llm.waiting == 0

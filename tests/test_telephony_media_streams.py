@@ -254,3 +254,14 @@ def test_fuzzed_garbage_gives_protocol_errors(name, message):
         MediaStreamCall(DIALECTS[name]).receive(message)
     except (ProtocolError, CallEnded):
         pass
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_an_integer_too_long_for_python_is_bad_json(name):
+    """Found by scripts/fuzz_sockets.py: valid JSON with a number of more than 4300 digits made
+    json.loads raise a plain ValueError, which ended the call (transport.wire)."""
+    call = MediaStreamCall(DIALECTS[name])
+    call.receive(peer(name).start())
+    with pytest.raises(ProtocolError) as e:
+        call.receive('{"event": "media", "media": {"payload": "", "chunk": ' + "9" * 5000 + "}}")
+    assert e.value.code == "bad_json"

@@ -40,7 +40,7 @@ def test_it_is_what_turn_record_summary_computed(speech_end, later):
     assert got == _summary_before(marks)
     rec = TurnRecord(0, **dict(zip(MILESTONES, marks)))
     assert list(rec.summary()) == ["turn", "user", "reply", "heard", "interrupted", "speculative",
-                                   *STAGE_KEYS, "voice_to_voice_ms", "mouth_to_ear_ms"]
+                                   *STAGE_KEYS, "voice_to_voice_ms", "mouth_to_ear_ms", "error", "tts_skipped"]
     assert {k: rec.summary()[k] for k in got} == got
 
 

@@ -15,8 +15,9 @@ def json_object(message: str, max_chars: int, key: str) -> dict:
         raise ProtocolError("frame_too_large", f"text message of {len(message)} chars exceeds {max_chars}")
     try:
         obj = json.loads(message)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProtocolError("bad_json", f"malformed JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, and an integer of
+        # more digits than Python converts (4300: sys.get_int_max_str_digits), which is valid JSON
+        raise ProtocolError("bad_json", f"malformed JSON: {str(exc)[:200]}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
         raise ProtocolError("bad_message", f"a message must be a JSON object with a string '{key}'")
     return obj

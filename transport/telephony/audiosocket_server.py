@@ -128,23 +128,32 @@ Handler = Callable[[AudioSocketTransport], Awaitable[None]]
 
 
 async def run_audiosocket_server(handler: Handler, host: str, port: int, ready: asyncio.Event | None = None,
-                                 admission: Admission | None = None) -> None:
+                                 admission: Admission | None = None, busy: Handler | None = None) -> None:
     """Serve AudioSocket calls until cancelled; `handler(transport)` runs one conversation each.
-    Calls that `admission` refuses (default: beyond 16 at once) are hung up at once."""
+    Calls that `admission` refuses (default: beyond 16 at once) hear `busy(transport)` (when
+    given) and are hung up."""
     admission = admission or Admission()
 
-    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        transport = AudioSocketTransport(reader, writer)
+    async def call(transport: AudioSocketTransport) -> None:
         if (reason := admission.enter()) is not None:
             log.warning("audiosocket: hanging up: %s", reason)
-            await transport.close()
+            if busy is not None:
+                await busy(transport)
             return
         try:
             await handler(transport)
+        finally:
+            admission.leave()
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        transport = AudioSocketTransport(reader, writer)
+        try:
+            await call(transport)
+        except asyncio.CancelledError:
+            pass  # the server stops; asyncio would log a cancelled connection callback as an error
         except Exception:
             log.exception("audiosocket session failed")
         finally:
-            admission.leave()
             await transport.close()
 
     server = await asyncio.start_server(on_connect, host, port)

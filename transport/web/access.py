@@ -2,12 +2,13 @@
 so that another web page the user visits cannot open ws://127.0.0.1:PORT/ws behind their back."""
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass
 from http import HTTPStatus
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from websockets.http11 import Request
+
+from transport.credentials import has_token, header
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
 
@@ -31,10 +32,12 @@ class BrowserAccess:
 
     def refusal(self, request: Request) -> tuple[HTTPStatus, str] | None:
         """The status and reason to refuse this upgrade with, or None to let it through."""
-        origin = request.headers.get("Origin")
-        if origin is not None and not self._origin_allowed(_origin(origin), request.headers.get("Host", "")):
-            return HTTPStatus.FORBIDDEN, f"origin {origin} is not allowed (see --allowed-origin)\n"
-        if self.token is not None and not self._token_given(request):
+        origins = request.headers.get_all("Origin")
+        if len(origins) > 1:
+            return HTTPStatus.FORBIDDEN, "more than one Origin header\n"
+        if origins and not self._origin_allowed(_origin(origins[0]), header(request, "Host") or ""):
+            return HTTPStatus.FORBIDDEN, f"origin {origins[0]} is not allowed (see --allowed-origin)\n"
+        if self.token is not None and not has_token(request, self.token):
             return HTTPStatus.UNAUTHORIZED, "a token is required: ?token=TOKEN or Authorization: Bearer TOKEN\n"
         return None
 
@@ -47,11 +50,3 @@ class BrowserAccess:
         hostname = parts.netloc.rsplit(":", 1)[0] if not parts.netloc.endswith("]") else parts.netloc
         return parts.scheme in ("http", "https") and hostname in LOOPBACK_HOSTS
 
-    def _token_given(self, request: Request) -> bool:
-        given = parse_qs(urlsplit(request.path).query).get("token", [])
-        scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer":
-            given.append(credential.strip())
-        expected = self.token.encode()
-        # compare_digest: the time taken says nothing about how much of a wrong token was right
-        return any(hmac.compare_digest(g.encode(), expected) for g in given)

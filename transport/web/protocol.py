@@ -85,12 +85,16 @@ def decode_client(message: str | bytes) -> ClientAudio | ClientControl:
     return ClientControl(kind, {"t": _number(obj, "t")})
 
 
+MAX_MS = 1e15  # ~31,700 years: any clock reading, and its nanoseconds still fit a float and an int
+
+
 def _number(obj: dict, key: str) -> float | None:
     v = obj.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ProtocolError("bad_message", f"{key!r} must be a finite number of milliseconds")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or abs(v) > MAX_MS or not math.isfinite(v):
+        raise ProtocolError("bad_message", f"{key!r} must be a finite number of milliseconds "
+                                           f"(at most {MAX_MS:.0e} in size)")
     return float(v)
 
 

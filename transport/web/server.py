@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from pathlib import Path
+from ssl import SSLContext
 
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
@@ -134,12 +135,14 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
                      ready: asyncio.Event | None = None, admission: Admission | None = None,
                      routes: dict[str, TransportFactory] | None = None,
                      http_routes: dict[str, HttpRoute] | None = None,
-                     access: BrowserAccess | None = None, guards: dict[str, Guard] | None = None) -> None:
+                     access: BrowserAccess | None = None, guards: dict[str, Guard] | None = None,
+                     busy: Handler | None = None, ssl: SSLContext | None = None) -> None:
     """Serve until cancelled. `handler(transport)` runs one conversation per WebSocket: the
     browser's at /ws, and one more transport per path in `routes` (a phone media stream, say).
     `admission` (default: 16 at once) refuses conversations beyond it with 503 before the
     upgrade; `access` guards /ws (token, Origin), `guards` the other routes (a carrier's
-    signature); `http_routes` answer more GET paths."""
+    signature); `http_routes` answer more GET paths. `busy(transport)` tells a refused phone
+    call why (it is let in to hear it) before it is closed. `ssl`: serve HTTPS and WSS."""
     admission = admission or Admission()
     access = access or BrowserAccess()
     guards = {"/ws": access.refusal, **(guards or {})}
@@ -158,9 +161,10 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
                 if refusal[0] == HTTPStatus.UNAUTHORIZED:
                     response.headers["WWW-Authenticate"] = "Bearer"
                 return response
-            if (reason := admission.refuse()) is not None:
+            # a page is told before the upgrade; a phone call is let in to hear why (`busy`)
+            if (busy is None or path == "/ws") and (reason := admission.refuse()) is not None:
                 log.info("refused a conversation at %s: %s", path, reason)
-                return _text(HTTPStatus.SERVICE_UNAVAILABLE, f"too many sessions: {reason}\n")
+                return _text(HTTPStatus.SERVICE_UNAVAILABLE, f"not now: {reason}\n")
             return None
         if path in ("/healthz", "/readyz"):
             return _probe(admission, path)
@@ -171,23 +175,28 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
         return _static_response(path)
 
     async def on_ws(ws: ServerConnection) -> None:
-        if (reason := admission.enter()) is not None:  # more handshakes passed at once than fit
+        path = _path(ws.request)
+        if (reason := admission.enter()) is not None:  # handshakes passed at once, or a phone call
+            log.info("refused a conversation at %s: %s", path, reason)
+            if busy is not None and path != "/ws":
+                await busy(factories[path](ws))
             await ws.close(1013, f"try again later: {reason}"[:120])
             return
         try:
-            await handler(factories[_path(ws.request)](ws))
+            await handler(factories[path](ws))
         except Exception:
             log.exception("session failed")
-            if _path(ws.request) == "/ws":  # the page shows errors; a phone peer reads none
+            if path == "/ws":  # the page shows errors; a phone peer reads none
                 await send_all(ws, error_event("internal", "the session failed; see the server log"))
         finally:
             admission.leave()
 
     async with serve(on_ws, host, port, process_request=process_request, max_size=1 << 20,
-                     max_queue=64) as server:
+                     max_queue=64, ssl=ssl) as server:
         bound = [s.getsockname() for s in server.sockets]
-        log.info("duplex serving on http://%s:%s/", *bound[0][:2])
-        print(f"duplex: open http://{host}:{bound[0][1]}/ in a browser", flush=True)
+        scheme = "https" if ssl is not None else "http"
+        log.info("duplex serving on %s://%s:%s/", scheme, *bound[0][:2])
+        print(f"duplex: open {scheme}://{host}:{bound[0][1]}/ in a browser", flush=True)
         if ready is not None:
             ready.set()
         await asyncio.Future()

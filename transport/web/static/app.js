@@ -29,7 +29,17 @@ async function start() {
     (token ? "?token=" + encodeURIComponent(token) : "");
   ws = new WebSocket(url);
   ws.binaryType = "arraybuffer";
-  await new Promise((ok, bad) => { ws.onopen = ok; ws.onerror = bad; });
+  try {
+    await new Promise((ok, bad) => { ws.onopen = ok; ws.onerror = bad; });
+  } catch (e) {
+    // a browser hides why an upgrade was refused; /readyz says it (full, busy, draining)
+    const why = await fetch("/readyz").then((r) => (r.ok ? "" : r.text())).catch(() => "");
+    $("state").textContent = why ? "the agent cannot talk now: " + why.replace(/^not ready: /, "")
+                                 : "could not connect";
+    record({ type: "refused", reason: why });
+    $("start").disabled = false;
+    return;
+  }
   ws.onmessage = onMessage;
   ws.onclose = () => { $("state").textContent = "disconnected"; record({ type: "closed" }); };
   const ready = new Promise((ok) => (window._ready = ok));

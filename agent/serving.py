@@ -1,0 +1,214 @@
+"""`duplex serve` as an object: the browser page, the phone media streams and AudioSocket, one
+admission for all of them (hard cap, measured load, drain), /healthz, /readyz and /metrics,
+and a graceful drain.
+
+Drain (`drain()`, on SIGTERM or SIGINT): admit nothing more (`/readyz` turns 503 at once),
+let live conversations finish for up to `drain_timeout_s`, then end what is left cleanly (a
+phone hears a goodbye, a page is told why), and return. A second `drain()` skips the wait.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+import os
+import ssl
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agent.config import Models, SessionConfig
+from agent.load import LoadMonitor, LoadPolicy, QueuedLLM
+from agent.metrics import ServerMetrics
+from agent.profiling import run_traced
+from agent.reply import Playout
+from agent.session import Session
+from agent.trace import Tracer
+from agent.trace_export import write_trace
+from agent.workers import cancel_and_wait, run_in
+from transport.admission import Admission
+from transport.base import AudioIn, Transport
+from transport.telephony.audiosocket_server import AudioSocketTransport, run_audiosocket_server
+from transport.telephony.media_streams import DIALECTS, MediaStreamCall
+from transport.telephony.media_streams_ws import MediaStreamTransport
+from transport.telephony.vonage import VonageCall
+from transport.web.access import BrowserAccess
+from transport.web.server import Guard, run_server
+from tts.base import AudioChunk
+
+log = logging.getLogger("duplex.serve")
+
+BUSY = "Sorry, all our lines are busy right now. Please call again in a few minutes."
+GOODBYE = "Sorry, I have to end our call now. Goodbye."
+
+
+@dataclass
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    audiosocket_port: int | None = None
+    max_sessions: int = 16
+    load: LoadPolicy = field(default_factory=LoadPolicy)
+    drain_timeout_s: float = 30.0
+    trace_dir: str | None = None
+    auth_token: str | None = None
+    allowed_origins: list[str] = field(default_factory=list)
+    guards: dict[str, Guard] = field(default_factory=dict)  # phone routes: the carriers' signatures
+    certfile: str | None = None
+    keyfile: str | None = None
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if self.certfile is None:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(self.certfile, self.keyfile)
+        return ctx
+
+
+def _kind(transport: Transport) -> str:
+    if isinstance(transport, AudioSocketTransport):
+        return "sip"
+    if isinstance(transport, MediaStreamTransport):
+        return transport.call.name
+    return "web"
+
+
+class Server:
+    def __init__(self, models: Models, session_config: SessionConfig, config: ServeConfig | None = None,
+                 monitor: LoadMonitor | None = None, engine=None):
+        self.llm = QueuedLLM(models.llm)
+        self.models, self.session_config = dataclasses.replace(models, llm=self.llm), session_config
+        self.config = config or ServeConfig()
+        self.monitor = monitor or LoadMonitor(self.config.load)
+        self.monitor.llm_queue = lambda: self.llm.waiting
+        self.metrics = ServerMetrics(engine=engine)
+        self.metrics.show_load(self.monitor)
+        self.admission = Admission(self.config.max_sessions, on_refused=self.metrics.refused,
+                                   load=self.monitor if self.monitor.policy.enabled else None)
+        self.sessions: dict[str, tuple[Session, asyncio.Task]] = {}
+        self._ids = itertools.count()
+        self._drain = asyncio.Event()
+        self._hurry = asyncio.Event()  # a second signal: do not wait for conversations to end
+        self._busy_audio: AudioChunk | None = None
+        self.ready = asyncio.Event()
+        self.port: int | None = None
+
+    # ---- one conversation ---------------------------------------------------------------------
+    async def _conversation(self, transport: Transport) -> None:
+        sid = f"{_kind(transport)}{next(self._ids)}"
+        tracer = Tracer(sid, capacity=1 << 17) if self.config.trace_dir else None
+        async with self.metrics.conversation(sid, transport) as watched:
+            session = Session(self.models, watched, self.session_config, tracer=tracer, session_id=sid)
+            self.sessions[sid] = (session, asyncio.current_task())
+            try:
+                await run_traced(session, tracer)
+            finally:
+                del self.sessions[sid]
+                if tracer is not None:
+                    path = os.path.join(self.config.trace_dir, f"{sid}.trace.json")
+                    await run_in("io", write_trace, tracer, path)
+
+    async def _busy(self, transport: Transport) -> None:
+        """A phone call that is not admitted hears why, then is closed by its route."""
+        if self._busy_audio is None:
+            self._busy_audio = await synthesize(self.models.tts, BUSY)
+        await announce(transport, self._busy_audio)
+
+    # ---- the process ----------------------------------------------------------------------------
+    def drain(self) -> None:
+        if self._drain.is_set():
+            self._hurry.set()
+        self._drain.set()
+        self.admission.drain()
+
+    async def run(self) -> None:
+        """Serve until drained."""
+        cfg = self.config
+        routes = {f"/{name}": (lambda ws, d=d: MediaStreamTransport(ws, MediaStreamCall(d)))
+                  for name, d in DIALECTS.items()}
+        routes["/vonage"] = lambda ws: MediaStreamTransport(ws, VonageCall())
+        web_ready = asyncio.Event()
+        tasks = [asyncio.create_task(run_server(
+                     self._conversation, cfg.host, cfg.port, self.models.tts.sample_rate, web_ready,
+                     admission=self.admission, routes=routes, http_routes={"/metrics": self.metrics.exposition},
+                     access=BrowserAccess.of(cfg.auth_token, cfg.allowed_origins), guards=cfg.guards,
+                     busy=self._busy, ssl=cfg.ssl_context()), name="web"),
+                 asyncio.create_task(self.monitor.run(on_lag=self.metrics.loop_lag.observe), name="load")]
+        if cfg.audiosocket_port is not None:
+            tasks.append(asyncio.create_task(run_audiosocket_server(
+                self._conversation, cfg.host, cfg.audiosocket_port, admission=self.admission, busy=self._busy),
+                name="audiosocket"))
+        try:
+            started = asyncio.create_task(web_ready.wait())
+            await asyncio.wait([started, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for t in tasks:
+                if t.done():
+                    t.result()  # a server that could not start (port taken): its error
+            self.ready.set()
+            self._busy_audio = await synthesize(self.models.tts, BUSY)
+            drained = asyncio.create_task(self._drain.wait())
+            await asyncio.wait([drained, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for t in tasks:
+                if t.done():
+                    t.result()
+            await self._finish_live()
+        finally:
+            await cancel_and_wait(*tasks)
+
+    async def _finish_live(self) -> None:
+        live = len(self.sessions)
+        log.info("draining: %d live conversation(s), waiting up to %.0f s", live, self.config.drain_timeout_s)
+        if not await self._until(lambda: not self.sessions, self.config.drain_timeout_s):
+            log.warning("draining: ending %d conversation(s) still live", len(self.sessions))
+            ending = list(self.sessions.items())
+            await asyncio.gather(*(s.hang_up("server_shutdown", "the server is shutting down", GOODBYE)
+                                   for _, (s, _) in ending), return_exceptions=True)
+            if not await self._until(lambda: not self.sessions, 5.0):
+                await cancel_and_wait(*(t for _, (_, t) in list(self.sessions.items())))
+        log.info("drained")
+
+    async def _until(self, done: Callable[[], bool], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            if self._hurry.is_set() or time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+
+async def synthesize(tts, text: str) -> AudioChunk:
+    """`text` spoken by `tts`, as one chunk."""
+    async def one() -> AsyncIterator[str]:
+        yield text
+
+    chunks = [c async for c in tts.stream(one())]
+    rate = chunks[0].sample_rate if chunks else tts.sample_rate
+    pcm = np.concatenate([c.pcm for c in chunks]) if chunks else np.zeros(0, np.int16)
+    return AudioChunk(pcm, rate, text)
+
+
+async def announce(transport: Transport, chunk: AudioChunk, start_timeout_s: float = 5.0) -> None:
+    """Play `chunk` to a far end that is not a conversation (a refused call), once its audio
+    has started (a phone stream's rate is known only then); its input is read and dropped."""
+    started = asyncio.Event()
+
+    async def read() -> None:
+        while (event := await transport.receive()) is not None:
+            if isinstance(event, AudioIn):
+                started.set()
+        started.set()  # the far end is gone
+
+    reader = asyncio.create_task(read())
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(started.wait(), start_timeout_s)
+            if not reader.done():
+                playout = Playout(transport, lead_s=0.4, piece_s=0.1, new_id=itertools.count().__next__)
+                await playout.play(chunk)
+                await playout.wait_played()
+    finally:
+        await cancel_and_wait(reader)
