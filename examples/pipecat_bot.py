@@ -1,0 +1,117 @@
+"""A pipecat 1.14 voice bot on duplex's services, fully offline:
+
+    python -m examples.pipecat_bot [--port 8765] [--asr whisper-tiny.en] [--llm qwen2.5-0.5b] [--tts piper]
+
+pipecat's own WebSocket server transport (protobuf frames, as pipecat's clients speak them) on
+127.0.0.1, Silero VAD and smart-turn v3 (both the ONNX copies inside pipecat-ai), and
+DuplexSTTService -> DuplexLLMService -> DuplexTTSService. `--asr` takes what duplex's `--asr`
+takes (a `ws://` asr-serve included). Each reply's text also goes to the client as a transport
+message {"type": "bot-reply", "text": ...}. Serves one client at a time (pipecat's server
+transport), and stops when it leaves.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from pipecat.audio.vad.silero import SileroVADAnalyzer
+from pipecat.frames.frames import (
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
+    OutputTransportMessageUrgentFrame,
+)
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.aggregators.llm_response_universal import (
+    LLMContextAggregatorPair,
+    LLMUserAggregatorParams,
+)
+from pipecat.processors.frame_processor import FrameProcessor
+from pipecat.serializers.protobuf import ProtobufFrameSerializer
+from pipecat.transports.websocket.server import (
+    WebsocketServerParams,
+    WebsocketServerTransport,
+)
+from pipecat.turns.user_turn_strategies import UserTurnStrategies
+from pipecat.workers.runner import WorkerRunner
+
+SYSTEM = "You are a helpful voice assistant. Answer in one or two short sentences, without lists or markup."
+
+
+class ReplyText(FrameProcessor):
+    """Sends each reply's text to the client as a transport message (after the LLM)."""
+
+    def __init__(self):
+        super().__init__()
+        self._text = ""
+
+    async def process_frame(self, frame, direction):
+        await super().process_frame(frame, direction)
+        if isinstance(frame, LLMFullResponseStartFrame):
+            self._text = ""
+        elif isinstance(frame, LLMTextFrame):
+            self._text += frame.text
+        await self.push_frame(frame, direction)
+        if isinstance(frame, LLMFullResponseEndFrame) and self._text.strip():
+            await self.push_frame(OutputTransportMessageUrgentFrame(
+                message={"type": "bot-reply", "text": self._text.strip()}))
+
+
+def build(args) -> tuple[PipelineWorker, WebsocketServerTransport]:
+    from agent.pipecat_services import (
+        DuplexLLMService,
+        DuplexSTTService,
+        DuplexTTSService,
+    )
+
+    transport = WebsocketServerTransport(
+        host=args.host, port=args.port,
+        params=WebsocketServerParams(audio_in_enabled=True, audio_out_enabled=True, allowed_origins=[],
+                                     serializer=ProtobufFrameSerializer()))
+    stt = DuplexSTTService(asr=args.asr)
+    llm = DuplexLLMService(llm=args.llm, max_tokens=args.max_tokens, system_instruction=SYSTEM)
+    tts = DuplexTTSService(voice=args.tts)
+    context = LLMContext()
+    aggregators = LLMContextAggregatorPair(context, user_params=LLMUserAggregatorParams(
+        vad_analyzer=SileroVADAnalyzer(),  # pipecat's Silero copy
+        user_turn_strategies=UserTurnStrategies()))  # VAD start; smart-turn v3 (bundled) stop
+    pipeline = Pipeline([transport.input(), stt, aggregators.user(), llm, ReplyText(), tts, transport.output(),
+                         aggregators.assistant()])
+    worker = PipelineWorker(pipeline, params=PipelineParams(audio_in_sample_rate=16000, audio_out_sample_rate=24000,
+                                                            enable_metrics=True), idle_timeout_secs=None)
+
+    @transport.event_handler("on_client_disconnected")
+    async def _left(transport, client):
+        await worker.cancel()
+
+    return worker, transport
+
+
+async def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--asr", default="whisper-tiny.en")
+    p.add_argument("--llm", default="qwen2.5-0.5b")
+    p.add_argument("--tts", default="piper")
+    p.add_argument("--max-tokens", type=int, default=120)
+    args = p.parse_args(argv)
+    worker, transport = build(args)
+
+    @transport.event_handler("on_websocket_ready")
+    async def _ready(transport):
+        print(f"pipecat bot: serving on ws://{args.host}:{args.port}", flush=True)
+
+    await _run(worker)
+
+
+async def _run(worker: PipelineWorker) -> None:
+    runner = WorkerRunner()
+    await runner.add_workers(worker)
+    await runner.run()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
