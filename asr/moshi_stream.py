@@ -340,7 +340,8 @@ class MoshiStream:
     def __init__(self, link: MoshiLink, *, delay_s: float, name: str = "recognizer",
                  sample_rate: int = SAMPLE_RATE, frame_size: int = FRAME_SIZE, reopen: Reopen | None = None,
                  flush_margin_frames: int = DEFAULT_FLUSH_MARGIN_FRAMES,
-                 pause_head: int | None = MOSHI_PAUSE_HEAD, events_max: int = 512, max_pending_flushes: int = 16):
+                 pause_head: int | None = MOSHI_PAUSE_HEAD, events_max: int = 512, max_pending_flushes: int = 16,
+                 on_gap: Callable[[Gap], None] | None = None):
         self.sample_rate, self.delay_s, self.name = sample_rate, delay_s, name
         self._core = MoshiEventCore(delay_s, sample_rate, frame_size, flush_margin_frames, pause_head)
         self._link = link
@@ -356,6 +357,8 @@ class MoshiStream:
         self._failure: RecognizerFailed | None = None
         self._closed = self._ended = False
         self.gaps = 0
+        self.gap_seconds = 0.0  # caller audio that reached no recognizer
+        self._on_gap = on_gap  # the recognizer's count over all its streams
         self._reader = asyncio.create_task(self._run(), name=f"asr-stream-reader {name}")
 
     # ---- RecognizerStream ------------------------------------------------------------------
@@ -519,6 +522,9 @@ class MoshiStream:
             self._connected.set()
         self.gaps += 1
         g = gap[0]
+        self.gap_seconds += max(0.0, g.end_s - g.start_s)
+        if self._on_gap is not None:
+            self._on_gap(g)
         log.warning("%s: reconnected; audio %.2f-%.2f s reached no recognizer", self.name, g.start_s, g.end_s)
         for ev in gap:
             await self._emit(ev)

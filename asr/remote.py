@@ -8,9 +8,15 @@
   naming each URL's reason.
 - Key: header `kyutai-api-key` (moshi-server's; `None` sends its default `public_token`, `""`
   sends none).
-- A connection lost mid-stream is replaced (the next URL first, retrying for
-  `reconnect_timeout_s`); the stream emits a `Gap` for the audio no recognizer transcribed and
-  goes on, the caller's clock unbroken. An eviction by the server (idle, too long) is final.
+- Pools: a URL's host may be a DNS name that resolves to several addresses (a Kubernetes
+  headless Service: one A record per ready replica). Each address is a replica. The name is
+  resolved again for every new stream and every reconnect (`resolve(host, port)`, by default
+  the loop's getaddrinfo: the event loop never blocks on DNS), so replicas that come and go are
+  followed; an IP literal is used as it is. Replicas are tried in random order.
+- A connection lost mid-stream is replaced (another replica first, the lost one last, retrying
+  for `reconnect_timeout_s`); the stream emits a `Gap` for the audio no recognizer transcribed
+  and goes on, the caller's clock unbroken. Gaps are counted (`stats`) and the listener traces
+  them. An eviction by the server (idle, too long) is final.
 - Backpressure: audio goes through a bounded send queue to one sender task whose `send` waits
   while the socket's write buffer is full, so a server that stops reading (its input buffer
   is full) stops `feed`.
@@ -22,17 +28,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import random
+import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidHandshake,
+    InvalidStatus,
+    InvalidURI,
+)
 
-from asr.base import RecognizerFailed, RecognizerUnavailable
+from asr.base import Gap, RecognizerFailed, RecognizerUnavailable
 from asr.moshi_protocol import (
     Audio,
     Error,
@@ -85,6 +99,52 @@ def _describe_close(e: ConnectionClosed) -> str:
     return f"connection closed ({frame.code}{' ' + frame.reason if frame.reason else ''})"
 
 
+Resolve = Callable[[str, int], Awaitable[Sequence[str]]]  # (host, port) -> addresses
+
+
+async def getaddrinfo_resolve(host: str, port: int) -> list[str]:
+    """The addresses of `host` (every A/AAAA record, in the resolver's order, no duplicates),
+    from the loop's getaddrinfo (run in a thread: the loop does not block)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    out: list[str] = []
+    for *_, sockaddr in infos:
+        if sockaddr[0] not in out:
+            out.append(sockaddr[0])
+    return out
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One recognizer server: a URL and, when its host is a name, one address it resolved to
+    (the connection goes there; the Host header and TLS keep the name)."""
+
+    url: str
+    address: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.url if self.address is None else f"{self.url} [{self.address}]"
+
+
+@dataclass
+class PoolStats:
+    """What a RemoteRecognizer saw, over its life (read by tests and logs)."""
+
+    opened: int = 0  # streams opened
+    refusals: int = 0  # replicas that refused or did not answer (each try)
+    reconnects: int = 0  # links replaced mid-stream
+    gaps: int = 0  # Gap events emitted
+    gap_seconds: float = 0.0  # caller audio no recognizer transcribed
+
+
 class _Refused(Exception):
     """This URL cannot take a stream now; the message says why."""
 
@@ -92,8 +152,10 @@ class _Refused(Exception):
 class WebSocketLink:
     """A `MoshiLink` over one WebSocket connection that has answered `Ready`."""
 
-    def __init__(self, ws: ClientConnection, url: str, send_queue_frames: int = SEND_QUEUE_FRAMES):
+    def __init__(self, ws: ClientConnection, url: str, send_queue_frames: int = SEND_QUEUE_FRAMES,
+                 replica: Replica | None = None):
         self.ws, self.url = ws, url
+        self.replica = replica or Replica(url)
         self._queue: asyncio.Queue[bytes] = asyncio.Queue(send_queue_frames)
         self._lost: str | None = None
         self._sender = asyncio.create_task(self._send_loop(), name=f"asr-remote-sender {url}")
@@ -151,41 +213,84 @@ class WebSocketLink:
 
 
 class RemoteRecognizer:
-    """Streams on remote Kyutai-protocol servers, with failover and reconnection."""
+    """Streams on remote Kyutai-protocol servers, with discovery, failover and reconnection.
+
+    `resolve(host, port)`: the addresses of a URL's host name (default: getaddrinfo); a test
+    or a service registry can put its own in."""
 
     sample_rate = 24000
 
     def __init__(self, urls: str | Sequence[str], api_key: str | None = None, *, delay_s: float = DEFAULT_DELAY_S,
                  open_timeout_s: float = 5.0, reconnect_timeout_s: float = 10.0, shuffle: bool = True,
-                 send_queue_frames: int = SEND_QUEUE_FRAMES, events_max: int = 512):
+                 send_queue_frames: int = SEND_QUEUE_FRAMES, events_max: int = 512,
+                 resolve: Resolve | None = None):
         self.urls = split_urls(urls)
         self.api_key = DEFAULT_API_KEY if api_key is None else api_key
         self.delay_s = delay_s
         self.open_timeout_s, self.reconnect_timeout_s = open_timeout_s, reconnect_timeout_s
         self.shuffle = shuffle
         self._send_queue_frames, self._events_max = send_queue_frames, events_max
+        self._resolve = resolve or getaddrinfo_resolve
+        self.stats = PoolStats()
         self.name = "remote " + ",".join(self.urls)
 
     async def open_stream(self) -> MoshiStream:
-        order = list(self.urls)
+        replicas, reasons = await self.replicas()
+        link = await self._connect_any(self._order(replicas), reasons)
+        self.stats.opened += 1
+        return MoshiStream(link, delay_s=self.delay_s, name=f"remote {link.url}", sample_rate=self.sample_rate,
+                           reopen=self._reopen, events_max=self._events_max, on_gap=self._on_gap)
+
+    # ---- discovery -------------------------------------------------------------------------
+    async def replicas(self) -> tuple[list[Replica], list[str]]:
+        """Every replica the URLs name now (names resolved again), and why a URL gave none."""
+        out: list[Replica] = []
+        reasons: list[str] = []
+        for url in self.urls:
+            parts = urlsplit(url)
+            host = parts.hostname or ""
+            if _is_ip(host):
+                out.append(Replica(url))
+                continue
+            port = parts.port or (443 if parts.scheme == "wss" else 80)
+            try:
+                async with asyncio.timeout(self.open_timeout_s):
+                    addresses = list(await self._resolve(host, port))
+            except (OSError, TimeoutError) as e:  # socket.gaierror is an OSError
+                reasons.append(f"{url}: cannot resolve {host}: {type(e).__name__}: {e}")
+                continue
+            if not addresses:
+                reasons.append(f"{url}: {host} resolves to no address")
+            out += [Replica(url, a) for a in dict.fromkeys(addresses)]
+        return out, reasons
+
+    def _order(self, replicas: list[Replica], last: Replica | None = None) -> list[Replica]:
+        order = list(replicas)
         if self.shuffle:
             random.shuffle(order)
-        link = await self._connect_any(order)
-        return MoshiStream(link, delay_s=self.delay_s, name=f"remote {link.url}", sample_rate=self.sample_rate,
-                           reopen=self._reopen, events_max=self._events_max)
+        if last is not None and last in order:  # the lost one last: it may be coming back
+            order.remove(last)
+            order.append(last)
+        return order
+
+    def _on_gap(self, gap: Gap) -> None:
+        self.stats.gaps += 1
+        self.stats.gap_seconds += max(0.0, gap.end_s - gap.start_s)
 
     # ---- connecting ------------------------------------------------------------------------
     async def _reopen(self, lost: MoshiLink) -> WebSocketLink:
-        """A new link after `lost`: the other URLs first, retried with backoff until
-        `reconnect_timeout_s` has passed (a restarting server gets the time to come back)."""
-        urls = self.urls
-        i = urls.index(lost.url) if getattr(lost, "url", None) in urls else -1
-        order = urls[i + 1:] + urls[:i + 1]
+        """A new link after `lost`: the names resolved again, the other replicas first, retried
+        with backoff until `reconnect_timeout_s` has passed (a restarting server gets the time
+        to come back)."""
         deadline = time.monotonic() + self.reconnect_timeout_s
         backoff = 0.05
+        last = getattr(lost, "replica", None)
         while True:
             try:
-                return await self._connect_any(order)
+                replicas, reasons = await self.replicas()
+                link = await self._connect_any(self._order(replicas, last), reasons)
+                self.stats.reconnects += 1
+                return link
             except RecognizerUnavailable as e:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -193,24 +298,31 @@ class RemoteRecognizer:
             await asyncio.sleep(min(backoff, left))
             backoff = min(2 * backoff, 1.0)
 
-    async def _connect_any(self, order: list[str]) -> WebSocketLink:
-        reasons = []
-        for url in order:
+    async def _connect_any(self, order: list[Replica], reasons: list[str] | None = None) -> WebSocketLink:
+        reasons = list(reasons or [])
+        for replica in order:
             try:
-                return await self._connect(url)
+                return await self._connect(replica)
             except _Refused as e:
-                log.info("recognizer %s refused: %s", url, e)
-                reasons.append(f"{url}: {e}")
+                self.stats.refusals += 1
+                log.info("recognizer %s refused: %s", replica.label, e)
+                reasons.append(f"{replica.label}: {e}")
         raise RecognizerUnavailable("no recognizer server could take the stream: " + "; ".join(reasons))
 
-    async def _connect(self, url: str) -> WebSocketLink:
+    async def _connect(self, replica: Replica | str) -> WebSocketLink:
+        if isinstance(replica, str):
+            replica = Replica(replica)
+        url = replica.url
         headers = {"kyutai-api-key": self.api_key} if self.api_key else {}
+        target = {} if replica.address is None else {"host": replica.address}
         try:
             ws = await connect(url, additional_headers=headers, open_timeout=self.open_timeout_s,
-                               compression=None, close_timeout=1.0, max_queue=16)
+                               compression=None, close_timeout=1.0, max_queue=16, **target)
         except InvalidStatus as e:
             code = e.response.status_code
-            raise _Refused(_HTTP_REASONS.get(code, f"HTTP {code}")) from None
+            reason = _HTTP_REASONS.get(code, f"HTTP {code}")
+            body = e.response.body.decode(errors="replace").strip() if e.response.body else ""
+            raise _Refused(f"{reason}: {body[:120]}" if body and code == 503 else reason) from None
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as e:
             raise _Refused(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
         try:
@@ -230,4 +342,4 @@ class RemoteRecognizer:
         if not isinstance(first, Ready):
             await ws.close()
             raise _Refused(f"expected Ready, got {type(first).__name__ if first else 'an unknown message'}")
-        return WebSocketLink(ws, url, self._send_queue_frames)
+        return WebSocketLink(ws, replica.label, self._send_queue_frames, replica)

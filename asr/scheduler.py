@@ -20,9 +20,10 @@ import heapq
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -196,7 +197,7 @@ class BufferedSession:
 class EngineSession(BufferedSession):
     """A stream bound to one engine slot."""
 
-    def __init__(self, sched: "EngineScheduler", slot: int, gen: int):
+    def __init__(self, sched: EngineScheduler, slot: int, gen: int):
         self._sched, self.slot, self.gen = sched, slot, gen
         cfg = sched.config
         frame = sched.frame_size
@@ -314,11 +315,17 @@ class EngineScheduler(ServiceShell):
         self._ready_since: float | None = None  # when a frame first waited for the next step
         self.ticks = 0
         self.step_seconds: deque[float] = deque(maxlen=4096)  # recent step durations
+        self.compute_seconds = 0.0  # all steps' time (asr.server's real-time factor)
         self.active_rows: deque[int] = deque(maxlen=4096)  # rows stepped per recent tick: batching achieved
 
     @property
     def batch_size(self) -> int:
         return self.engine.batch_size
+
+    @property
+    def audio_seconds(self) -> float:
+        """Stream time the steps advanced (each step: one frame of every live stream)."""
+        return self.ticks * self.frame_size / self.sample_rate
 
     @property
     def sessions(self) -> list[EngineSession]:
@@ -372,7 +379,9 @@ class EngineScheduler(ServiceShell):
     def _timed_step(self, active, reset):
         t0 = time.perf_counter()
         tokens = self.engine.step(self._pcm, active, reset=reset)
-        self.step_seconds.append(time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        self.step_seconds.append(dt)
+        self.compute_seconds += dt
         return tokens
 
     def _batch_wait(self, now: float) -> float:

@@ -7,6 +7,18 @@ model that works offline), or the batched Kyutai engine with `--model`: a Kyutai
 (hub id, needs internet, or a local directory) or `tiny-random` (random weights, NOT a speech
 model: for trying the plumbing).
 
+Capacity, on the same port (plain HTTP GETs, answered before any WebSocket upgrade):
+- `GET /healthz`: 200 while the process runs;
+- `GET /readyz`: 200 while a slot is free, 503 with the reason when every slot is busy or the
+  server is draining (a Kubernetes readiness probe takes a full replica out of its Service, so
+  a headless Service's DNS names only replicas with room);
+- `GET /metrics`: Prometheus text (prometheus-client, a registry of its own): slots total and
+  free, streams active and by result, audio and compute seconds, the real-time factor, and the
+  engine's step time histogram (the batched Kyutai engine; the Whisper service has no steps).
+Drain (SIGTERM or SIGINT): new streams are refused at once (HTTP 503 on the upgrade, `/readyz`
+503), live streams go on up to `--drain-timeout`, then what is left is closed (1001) and the
+process exits 0. A second signal skips the wait.
+
 Backpressure: the reader awaits `session.feed`, which waits while the session's input buffer
 is full; meanwhile nothing more is read from that socket and websockets' small incoming queue
 fills, so the server stops reading from TCP and the client's sends block.
@@ -19,10 +31,22 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
+from collections import deque
 from http import HTTPStatus
 from urllib.parse import parse_qs, urlsplit
 
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.http11 import Response
 
 from asr.moshi_protocol import (
     Audio,
@@ -46,34 +70,148 @@ INCOMING_QUEUE = 2  # websockets' per-connection queue of received frames: keep 
 
 log = logging.getLogger("duplex.asr.server")
 
+STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.4, 1.0)
+RTF_WINDOW_S = 30.0  # the real-time factor gauge averages over this much recent work
+
+
+def _text(status: HTTPStatus, text: str, content_type: str = "text/plain; charset=utf-8") -> Response:
+    body = text.encode()
+    return Response(status.value, status.phrase, Headers([("Content-Type", content_type),
+                                                          ("Content-Length", str(len(body))),
+                                                          ("Cache-Control", "no-store")]), body)
+
+
+class AsrMetrics:
+    """The server's Prometheus registry. Scraped values are read from the recognizer at scrape
+    time: `slots()` and `free()` from its batch size and sessions, the engine's step times from
+    `EngineScheduler.step_seconds` (steps since the last scrape), compute and audio seconds from
+    its `compute_seconds`/`audio_seconds` counters (the Whisper service's, or the engine's steps:
+    one step advances every live stream by one 80 ms frame)."""
+
+    def __init__(self, server: AsrServer):
+        self.server = server
+        r = self.registry = CollectorRegistry()
+        Gauge("duplex_asr_slots", "Streams this replica can hold (--slots)", registry=r).set_function(server.slots)
+        Gauge("duplex_asr_slots_free", "Free slots now (0: /readyz is 503)", registry=r).set_function(server.free)
+        Gauge("duplex_asr_streams_active", "Streams connected now", registry=r).set_function(
+            lambda: server.connections)
+        Gauge("duplex_asr_draining", "1 while draining (refusing new streams)", registry=r).set_function(
+            lambda: int(server.draining))
+        self.streams = Counter("duplex_asr_streams", "Streams by how they ended (refused: never started)",
+                               ["result"], registry=r)
+        for result in ("served", "refused", "failed"):
+            self.streams.labels(result)
+        self.protocol_errors = Counter("duplex_asr_protocol_errors", "Client messages that could not be decoded",
+                                       registry=r)
+        self.step = Histogram("duplex_asr_step_seconds", "Batched engine step time (one 80 ms frame of every "
+                              "live stream); absent for the Whisper service", buckets=STEP_BUCKETS, registry=r)
+        self.audio = Gauge("duplex_asr_audio_seconds_total", "Stream time processed: the engine's steps x 80 ms "
+                           "(one step advances every live stream), Whisper's audio summed over streams",
+                           registry=r)
+        self.compute = Gauge("duplex_asr_compute_seconds_total", "Model compute time spent on it", registry=r)
+        Gauge("duplex_asr_real_time_factor",
+              f"Compute seconds per second of audio over the last {RTF_WINDOW_S:g} s of work: for the engine, "
+              "per step of the whole batch (under 1: every stream is served in real time); for Whisper, per "
+              "stream (its decodes are serialised: streams x factor under 1)", registry=r).set_function(self.rtf)
+        self._ticks_seen = 0
+        self._recent: deque[tuple[float, float, float]] = deque()  # (monotonic, compute, audio) samples
+
+    def _read(self) -> tuple[float, float]:
+        """(compute seconds, audio seconds) so far, and the engine's new steps into the histogram."""
+        rec = self.server.recognizer
+        steps = getattr(rec, "step_seconds", None)
+        if steps is not None and hasattr(rec, "ticks"):
+            new = rec.ticks - self._ticks_seen
+            for dt in (list(steps)[-new:] if new > 0 else []):  # the deque keeps the last few thousand
+                self.step.observe(dt)
+            self._ticks_seen = rec.ticks
+        return float(getattr(rec, "compute_seconds", 0.0)), float(getattr(rec, "audio_seconds", 0.0))
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        compute, audio = self._read()
+        self.compute.set(compute)
+        self.audio.set(audio)
+        self._recent.append((now, compute, audio))
+        while len(self._recent) > 2 and self._recent[1][0] < now - RTF_WINDOW_S:
+            self._recent.popleft()
+
+    def rtf(self) -> float:
+        if len(self._recent) < 2:
+            _, c, a = self._recent[-1] if self._recent else (0, 0.0, 0.0)
+            return c / a if a > 0 else 0.0
+        (_, c0, a0), (_, c1, a1) = self._recent[0], self._recent[-1]
+        return (c1 - c0) / (a1 - a0) if a1 > a0 else 0.0
+
+    def exposition(self) -> Response:
+        self.sample()
+        return _text(HTTPStatus.OK, generate_latest(self.registry).decode(), CONTENT_TYPE_LATEST)
+
 
 class AsrServer:
-    """Serves one Recognizer over WebSocket."""
+    """Serves one Recognizer over WebSocket, with /healthz, /readyz and /metrics beside it."""
 
     def __init__(self, recognizer: Recognizer, api_keys: tuple[str, ...] | None = DEFAULT_API_KEYS):
         self.recognizer = recognizer
         self.api_keys = None if api_keys is None else frozenset(api_keys)
         self.connections = 0
         self.protocol_errors = 0
+        self.draining = False
+        self.metrics = AsrMetrics(self)
+
+    # ---- capacity ----------------------------------------------------------------------------
+    def slots(self) -> int:
+        return int(getattr(self.recognizer, "batch_size", 0) or 0)
+
+    def free(self) -> int:
+        sessions = getattr(self.recognizer, "sessions", None)
+        return max(0, self.slots() - len(sessions)) if sessions is not None else self.slots()
+
+    def not_ready(self) -> str | None:
+        """Why a new stream would be refused now (None: it would be served)."""
+        if self.draining:
+            return "draining"
+        if self.free() <= 0:
+            return f"no free slot: all {self.slots()} slots are busy"
+        return None
+
+    def drain(self) -> None:
+        """Admit no new stream, for good (`/readyz` turns 503 at once)."""
+        self.draining = True
 
     def process_request(self, connection: ServerConnection, request):
         url = urlsplit(request.path)
+        if url.path == "/healthz":
+            return _text(HTTPStatus.OK, "ok\n")
+        if url.path == "/readyz":
+            reason = self.not_ready()
+            return _text(HTTPStatus.OK, "ready\n") if reason is None else _text(
+                HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {reason}\n")
+        if url.path == "/metrics":
+            return self.metrics.exposition()
         if url.path != PATH:
             return connection.respond(HTTPStatus.NOT_FOUND, f"only {PATH} is served\n")
         if self.api_keys is not None:
             key = request.headers.get("kyutai-api-key") or (parse_qs(url.query).get("auth_id") or [None])[0]
             if key not in self.api_keys:
                 return connection.respond(HTTPStatus.UNAUTHORIZED, "missing or wrong kyutai-api-key\n")
+        if self.draining:  # full is told in the protocol (moshi's Error), as moshi-server does
+            self.metrics.streams.labels("refused").inc()
+            return _text(HTTPStatus.SERVICE_UNAVAILABLE, "not ready: draining\n")
         return None
 
     async def handle(self, ws: ServerConnection) -> None:
         try:
+            if self.draining:
+                raise NoFreeSlot("server draining")
             session = await self.recognizer.open_session()
         except NoFreeSlot as e:
+            self.metrics.streams.labels("refused").inc()
             await ws.send(encode_server(Error(str(e)), 0))
             await ws.close(1013, "no free slot")
             return
         self.connections += 1
+        result = "served"
         try:
             await ws.send(encode_server(Ready(), 0))
             reader = asyncio.create_task(self._read(ws, session))
@@ -83,13 +221,19 @@ class AsrServer:
             for t in done:
                 if not t.cancelled() and t.exception() is not None:
                     log.debug("connection ended: %r", t.exception())
+            if getattr(session, "closed_reason", None) and "failed" in (session.closed_reason or ""):
+                result = "failed"
             for t in pending:
                 t.cancel()
             for t in pending:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
+        except BaseException:
+            result = "failed"
+            raise
         finally:
             self.connections -= 1
+            self.metrics.streams.labels(result).inc()
             await session.close()
 
     async def _read(self, ws: ServerConnection, session) -> None:
@@ -98,6 +242,7 @@ class AsrServer:
                 msg = decode_client(raw)
             except ProtocolError as e:
                 self.protocol_errors += 1
+                self.metrics.protocol_errors.inc()
                 await ws.send(encode_server(Error(str(e)), session.buffered_samples))
                 continue
             try:
@@ -196,6 +341,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="seconds a new client may wait for a free slot (0: refuse at once)")
     p.add_argument("--idle-timeout", type=float, default=120.0)
     p.add_argument("--max-session", type=float, default=4 * 3600.0)
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT: seconds live streams may go on before they are closed (new ones "
+                        "are refused at once; a second signal skips the wait)")
     return p.parse_args(argv)
 
 
@@ -203,11 +351,18 @@ async def serve_forever(args) -> None:
     recognizer = build_recognizer(args)
     keys = None if args.no_auth else tuple(args.api_key or DEFAULT_API_KEYS)
     server = AsrServer(recognizer, keys)
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            hurry.set()
+        stop.set()
+        server.drain()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
     start = getattr(recognizer, "start", None)
     if start:
         await start()
@@ -216,6 +371,15 @@ async def serve_forever(args) -> None:
             label = recognizer.name
             print(f"asr-serve: {label} on ws://{args.host}:{port}{PATH} ({args.slots} slots)", flush=True)
             await stop.wait()
+            live = server.connections
+            log.info("draining: %d live stream(s), waiting up to %.0f s", live, args.drain_timeout)
+            deadline = time.monotonic() + args.drain_timeout
+            while server.connections and time.monotonic() < deadline and not hurry.is_set():
+                await asyncio.sleep(0.05)
+            if server.connections:
+                log.warning("draining: closing %d stream(s) still live", server.connections)
+        # leaving `serving` closes what is left (1001 going away) and waits for its handlers
+        log.info("drained")
     finally:
         stop_fn = getattr(recognizer, "stop", None)
         if stop_fn:

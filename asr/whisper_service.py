@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +41,7 @@ from asr.moshi_protocol import EndWord, MarkerReply, ServerMessage, Step, Word
 from asr.scheduler import BufferedSession, ServiceShell
 from asr.vad import SileroVAD
 from asr.whisper import SAMPLE_RATE as WHISPER_RATE
-from asr.whisper import WhisperRecognizer, UtteranceDecoder
+from asr.whisper import UtteranceDecoder, WhisperRecognizer
 
 IN_RATE = 24000
 STEP_IN = 1920  # 80 ms at 24 kHz: one moshi step
@@ -174,7 +175,7 @@ class _Pipeline:
 class WhisperSession(BufferedSession):
     """One client stream: bounded input buffer, a worker task, markers and an output queue."""
 
-    def __init__(self, service: "WhisperService", pipeline: _Pipeline):
+    def __init__(self, service: WhisperService, pipeline: _Pipeline):
         self._svc, self._pipe = service, pipeline
         cfg = service.config
         self._init_buffers(int(math.ceil(cfg.buffer_seconds * IN_RATE / STEP_IN)) * STEP_IN, cfg.max_pending_markers)
@@ -221,7 +222,7 @@ class WhisperSession(BufferedSession):
                     await self._work.wait()
                     continue
                 chunk = self._take(min(self._len, self._chunk)).copy()
-                msgs = await loop.run_in_executor(self._svc._executor, self._pipe.process, chunk)
+                msgs = await loop.run_in_executor(self._svc._executor, self._svc._timed, self._pipe.process, chunk)
                 if self.closed:
                     return
                 for m in msgs:
@@ -247,6 +248,20 @@ class WhisperService(ServiceShell):
         self._sessions: list[WhisperSession] = []
         self._freed = asyncio.Event()
         self._executor = ThreadPoolExecutor(max(1, self.config.workers), thread_name_prefix="asr-whisper")
+        self.compute_seconds = 0.0  # worker time on stream audio (asr.server's real-time factor)
+        self.audio_seconds = 0.0  # stream audio that went through it, summed over streams
+        self._stats_lock = threading.Lock()
+
+    def _timed(self, process, chunk: np.ndarray):
+        """Worker thread: `process(chunk)`, its time and audio counted."""
+        t0 = time.perf_counter()
+        try:
+            return process(chunk)
+        finally:
+            dt = time.perf_counter() - t0
+            with self._stats_lock:
+                self.compute_seconds += dt
+                self.audio_seconds += chunk.size / IN_RATE
 
     @property
     def batch_size(self) -> int:
