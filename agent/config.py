@@ -34,8 +34,9 @@ class SessionConfig:
     max_speculations_per_turn: int = 5
     final_pad_s: float = 0.12
     # the LLM's first token must come within this, and each next one within this of the one
-    # before, or the reply fails (None: wait for ever); `--llm-timeout`
-    llm_timeout_s: float | None = 5.0
+    # before, or the reply fails (None: wait for ever). `--llm-timeout` (5 s) sets it for an LLM
+    # server, which can be down or stalled; an embedded model is only ever slow
+    llm_timeout_s: float | None = None
     # spoken after a reply's LLM failed (down, stalled, cut off); not kept as what it said
     llm_apology: str = LLM_APOLOGY
 

@@ -61,7 +61,7 @@ class ReplyConfig:
     piece_s: float = 0.1  # size of each audio message
     text_queue: int = 8  # LLM -> TTS chunks in flight
     # bound on each wait for the LLM's next token, the first one included (None: no bound)
-    llm_timeout_s: float | None = 5.0
+    llm_timeout_s: float | None = None
     apology: str = LLM_APOLOGY  # spoken after an LLM failure ("": nothing is said)
 
 

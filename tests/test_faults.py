@@ -327,15 +327,18 @@ async def test_a_stopped_server_times_out_before_and_during_a_reply(tmp_path, ll
     # no first token: the wait is bounded, and the abandoned request's connection is released
     assert await await_until(lambda: turn_started(session, 0) and session.records[0].error, timeout=30)
     assert await await_until(lambda: not open_connections(server.port), timeout=3), open_connections(server.port)
-    # the next reply's bound, set before it starts: a bound changed while a wait is on applies
-    # only from the next wait (turn 1's first token must come within it: the server is healthy)
-    session.config.llm_timeout_s = STALL_S
+    session.config.llm_timeout_s = HEALTHY_S  # for the replies to come
     # a long answer, so that the server is still generating it when it is stopped (a short one
     # could be all in the socket's buffers by the time the third token is read)
     session.config.max_tokens = 400
     server.signal(signal.SIGCONT)
     # stopped mid-reply: tokens stop coming
     assert await await_until(lambda: turn_started(session, 1) and len(session.records[1].tokens) >= 3, timeout=60)
+    # this reply's bound from here on; a wait already begun keeps the bound it began with, so
+    # stop the server only once two more tokens came (every wait since began under the new one)
+    session.replies.current.config.llm_timeout_s = STALL_S
+    n = len(session.records[1].tokens)
+    assert await await_until(lambda: len(session.records[1].tokens) >= n + 2, timeout=30)
     server.signal(signal.SIGSTOP)
     session.config.max_tokens, session.config.llm_timeout_s = 24, HEALTHY_S  # the next turns
     assert open_connections(server.port), "the answer streams over an open connection"

@@ -77,9 +77,7 @@ async def dropped_conversation(url: str, point: str) -> str:
 async def test_conversations_dropped_mid_reply_leave_the_server_serving(llm):
     models = Models(asr=ScriptedRecognizer(["tell me a long story about the sea"] * 64), llm=llm,
                     tts=ToneVoice(), vad_factory=EnergyVAD)
-    # no LLM deadline: three replies queue on the one model thread, and a busy test machine
-    # must not turn that wait into apologies (the deadline is for LLM servers, as duplex serve sets it)
-    async with serving(models=models, drain_timeout_s=1, session={"llm_timeout_s": None}) as s:
+    async with serving(models=models, drain_timeout_s=1) as s:
         for _ in range(2):
             for point in DROP_POINTS:  # three at once, each dropped at the same point
                 assert await asyncio.gather(*(dropped_conversation(s.url("/ws"), point) for _ in range(3))) \
