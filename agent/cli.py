@@ -257,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         return _delegate("agent.trace_report", argv[2:])
     if argv[:2] == ["bench", "latency"]:
         return _delegate("agent.bench_latency", argv[2:])
+    if argv[:2] == ["bench", "turns"]:
+        return _delegate("agent.bench_turns", argv[2:])
     if argv[:2] in (["bench", "load"], ["bench", "soak"]):
         return _delegate("agent.bench_load", argv[1:])
 
@@ -337,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("asr-bench", help="load client and engine benchmarks for the ASR server")
     sub.add_parser("trace", help="trace tools: `duplex trace report TRACE`")
     sub.add_parser("bench", help="benchmarks: `duplex bench latency` (concurrent vs waterfall), "
+                                 "`duplex bench turns` (end-of-turn policies: latency and false cut-offs), "
                                  "`duplex bench load` (conversations at once against a running server), "
                                  "`duplex bench soak` (sequential conversations, RSS)")
 

@@ -112,3 +112,71 @@ class SmartTurn:
         """Probability that the turn is complete, for the utterance audio up to now. Blocking."""
         (out,) = self._session.run(["logits"], {"input_features": self.features(audio_16k)})
         return float(out.reshape(-1)[0])
+
+
+class TextTurnScorer:
+    """The chat model's own verdict on the user's text (LiveKit's text turn detector, with the
+    embedded GGUF): one forward of the chat template up to the end of the user's message, then
+    the probability of the end-of-message token (`<|im_end|>`: SmolLM2 and Qwen2.5 both use
+    ChatML). The system prompt's tokens stay evaluated between calls (llama.cpp's cache), so
+    a call evaluates only the user's words (SmolLM2-135M: ~15-60 ms for 1-11 tokens here).
+
+    `llama`: a `llama_cpp.Llama` of its own (a context shared with the reply's generation would
+    lose the reply's prompt cache). Blocking; not thread-safe: one caller at a time."""
+
+    def __init__(self, llama, system_prompt: str = "You are a friendly voice assistant.",
+                 end_token: str = "<|im_end|>"):
+        import numpy as _np
+
+        self._np = _np
+        self._llm = llama
+        self._prefix = f"<|im_start|>system\n{system_prompt}<|im_end|>\n<|im_start|>user\n"
+        (self._eot,) = llama.tokenize(end_token.encode(), add_bos=False, special=True)
+
+    @classmethod
+    def load(cls, model: str = "smollm2-135m", threads: int = 1, **kwargs) -> TextTurnScorer:
+        from llama_cpp import Llama
+
+        from llm.bundled import resolve
+
+        return cls(Llama(model_path=str(resolve(model)), n_ctx=512, n_threads=threads, verbose=False), **kwargs)
+
+    @staticmethod
+    def normalize(text: str) -> str:
+        """Lower case, no punctuation but apostrophes (as LiveKit's detector): Whisper puts a
+        "?" or "." after a cut fragment too ("What is the capital of?"), and with it the
+        model's end-of-message probability is high whatever the words."""
+        kept = "".join(ch if ch.isalnum() or ch in "' " else " " for ch in text.lower())
+        return " ".join(kept.split())
+
+    def probability(self, text: str) -> float:
+        """P(end of message | the user said `text`, normalized), in [0, 1]."""
+        np = self._np
+        llm = self._llm
+        toks = llm.tokenize((self._prefix + self.normalize(text)).encode(), add_bos=False, special=True)
+        toks = toks[-(llm.n_ctx() - 1):]
+        old = llm.input_ids[:llm.n_tokens].tolist()
+        n = 0
+        while n < min(len(old), len(toks) - 1) and old[n] == toks[n]:
+            n += 1  # reuse the evaluated prefix (the system prompt, the words said before)
+        llm.n_tokens = n
+        llm.eval(toks[n:])
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float64)
+        e = np.exp(logits - logits.max())
+        return float(e[self._eot] / e.sum())
+
+
+class CombinedEou:
+    """Smart-turn and the text turn model as one end-of-turn object for the listener: `probability`
+    (audio, as `SmartTurn`) and `text_probability` (the transcript, as `TextTurnScorer`). The
+    "combined" policy (agent/endpointing.py) needs both; the listener falls back to "rules"
+    with an end-of-turn object that has no `text_probability`."""
+
+    def __init__(self, smart_turn: SmartTurn, text: TextTurnScorer):
+        self.smart_turn, self.text = smart_turn, text
+
+    def probability(self, audio_16k: np.ndarray) -> float:
+        return self.smart_turn.probability(audio_16k)
+
+    def text_probability(self, text: str) -> float:
+        return self.text.probability(text)

@@ -17,7 +17,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -123,7 +123,13 @@ class Listener:
         self.recognizer, self._vad, self.eou, self.config, self.tracer = recognizer, vad, eou, config, tracer
         self._emit = emit
         self._turn = turn  # the index of the turn being spoken, for the trace
-        self.turns = TurnMachine(config.turns)
+        turns = config.turns
+        if turns.endpointing == "combined" and not hasattr(eou, "text_probability"):
+            log.warning("the combined end-of-turn policy needs a text turn model (agent.eou.CombinedEou); "
+                        "using the rules")
+            turns = replace(turns, endpointing="rules")
+        self.turns = TurnMachine(turns)
+        self._text_p: tuple[float, str, float] | None = None  # (silence, text, text turn probability)
         self.stream: RecognizerStream | None = None
         self._utterances: Utterances | None = None
         self._vad_resampler: StreamResampler | None = None
@@ -313,7 +319,12 @@ class Listener:
         if self._offered != t_end:  # once per silence (before the pause, or at it)
             self._offered = t_end
             await self._emit(PauseTranscript(text))
-        await self._run_commands(self.turns.on_transcript(self.t_audio, ends_sentence(text)))
+        text_p = None
+        if self.turns.config.endpointing == "combined":  # one text turn check per silence and text
+            if self._text_p is None or self._text_p[:2] != (t_end, text):
+                self._text_p = (t_end, text, await run_in("eou", self.eou.text_probability, text))
+            text_p = self._text_p[2]
+        await self._run_commands(self.turns.on_transcript(self.t_audio, ends_sentence(text), text_p, t_end))
 
     async def _final_transcript(self, until: float, previous: asyncio.Task | None, turn: int) -> None:
         if previous is not None:

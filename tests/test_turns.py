@@ -309,3 +309,94 @@ def test_no_greeting_once_the_user_is_speaking():
     assert not d.m.on_bot_initiated(d.t) and d.m.state == U
     d.m.on_reply_finished(d.t)
     assert d.m.state == U
+
+
+# ---- the end-of-turn policies other than today's rules (agent/endpointing.py) ----------------
+def _combined(**kw):
+    return Driver(endpointing="combined", **kw)
+
+
+def test_combined_ends_before_the_pause_when_both_models_say_done():
+    d = _combined(min_wait_s=0.1).frames("#" * 20 + ".").eou(0.9)
+    assert d.kinds() == [StartUtterance, SpeechStopped]  # one frame of silence: not yet 0.1 s
+    d.log += d.m.on_transcript(d.t, True, 0.9)
+    d.frames("...")  # 4 frames = 0.128 s >= 0.1 s: pause confirmed and the turn ended together
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
+    assert abs(d.log[-1].t_speech_end - 20 * F) < 1e-6 and d.states() == [U, P, T]
+
+
+def test_combined_waits_long_on_a_fragment_whatever_the_audio_says():
+    d = _combined(max_endpoint_s=1.5).frames("#" * 20 + "..").eou(0.95)
+    d.log += d.m.on_transcript(d.t, False, 1e-9)  # "what is the capital of": the text says no
+    d.frames("." * 30)  # ~1 s of silence: still waiting
+    assert d.m.state == P and EndOfTurn not in d.kinds()
+    d.frames("." * 16)
+    assert d.kinds()[-1] == EndOfTurn
+
+
+def test_combined_forgets_a_silence_s_verdicts_when_the_user_goes_on():
+    d = _combined().frames("#" * 20 + "..").eou(0.99)
+    d.log += d.m.on_transcript(d.t, True, 0.99)  # not yet 0.1 s of Silero silence
+    d.frames("#" * 6)  # they went on
+    assert d.kinds() == [StartUtterance, SpeechStopped, SpeechResumed]
+    d.frames("." * 7)  # the new silence has no verdicts: the pause, then the long wait
+    assert d.kinds()[-2:] == [SpeechStopped, SpeechPaused] and d.m.state == P
+
+
+def test_a_late_verdict_on_an_earlier_silence_does_not_count_for_combined():
+    d = _combined().frames("#" * 20 + "." + "#" * 6 + ".")
+    first = d.log[1].t_speech_end
+    d.log += d.m.on_eou(d.t, 0.99, first)
+    d.log += d.m.on_transcript(d.t, True, 0.99, first)
+    d.frames("....")
+    assert EndOfTurn not in d.kinds()
+
+
+def test_smart_turn_alone_ignores_the_punctuation_rule():
+    d = Driver(endpointing="smart-turn", max_endpoint_s=1.5).frames("#" * 20 + "." * 8).eou(0.1)
+    d.log += d.m.on_transcript(d.t, complete=True)
+    d.frames("." * 16)  # 0.77 s: today's rules would have ended it at 0.5 s
+    assert d.m.state == P
+    d.frames("." * 24)
+    assert d.kinds()[-1] == EndOfTurn
+    d2 = Driver(endpointing="smart-turn").frames("#" * 20 + "....").eou(0.9).frames("...")
+    assert d2.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]  # at the pause
+
+
+def test_an_unknown_policy_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError):
+        TurnConfig(endpointing="magic")
+
+
+def test_the_combined_wait_shrinks_as_the_verdicts_grow_surer():
+    from agent.endpointing import Features, combined_probability, combined_silence
+
+    kw = {"threshold": 0.5, "min_wait_s": 0.1, "max_wait_s": 1.5, "text_weight": 1.0, "text_bias": 16.0}
+    assert combined_silence(Features(), **kw) == 1.5  # nothing known yet
+    assert combined_silence(Features(audio_p=0.99), **kw, needs_text=True) == 1.5  # audio alone: no
+    done = Features(audio_p=0.5, text_p=1e-5)  # a complete request: the text says yes
+    fragment = Features(audio_p=0.98, text_p=1e-10)  # "what is the capital of": no
+    assert combined_probability(done, 1.0, 16.0) > 0.5 > combined_probability(fragment, 1.0, 16.0)
+    assert combined_silence(done, **kw) == 0.1
+    assert combined_silence(fragment, **kw) > 1.3
+    waits = [combined_silence(Features(audio_p=0.5, text_p=10.0 ** -k), **kw) for k in range(4, 12)]
+    assert waits == sorted(waits)  # less likely text, longer wait
+    assert combined_silence(Features(text_complete=True, text_p=1e-10), **kw, punctuation_wait_s=0.5) == 0.5
+
+
+def test_the_text_turn_model_sees_the_words_without_whisper_s_punctuation():
+    from agent.eou import TextTurnScorer
+
+    assert TextTurnScorer.normalize("What is the capital of?") == "what is the capital of"
+    assert TextTurnScorer.normalize("I'd like... four, please.") == "i'd like four please"
+
+
+def test_the_baselines_as_functions():
+    from agent.endpointing import Features, rules_silence, smart_turn_silence
+
+    assert rules_silence(Features(audio_p=0.9), 0.2, 0.5, 0.5, 1.5) == 0.2
+    assert rules_silence(Features(audio_p=0.1, text_complete=True), 0.2, 0.5, 0.5, 1.5) == 0.5
+    assert rules_silence(Features(audio_p=0.1, text_complete=False), 0.2, 0.5, 0.5, 1.5) == 1.5
+    assert smart_turn_silence(Features(audio_p=0.1, text_complete=True), 0.2, 0.5, 1.5) == 1.5
