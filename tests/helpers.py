@@ -18,6 +18,45 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 DEV = SHARED / "speech" / "dev"
 
 
+def dev_reference(name: str) -> str:
+    """The reference transcript of a dev clip (../shared/speech/dev/transcripts.tsv)."""
+    for line in (DEV / "transcripts.tsv").read_text().splitlines():
+        clip, _, text = line.partition("\t")
+        if clip == name:
+            return text
+    raise KeyError(name)
+
+
+class StreamEvents:
+    """Reads a recognizer stream's events in a task, as a conversation does; a failure of the
+    stream is kept in `error`."""
+
+    def __init__(self, stream):
+        import asyncio
+
+        self.events: list = []
+        self.error: BaseException | None = None
+        self.task = asyncio.create_task(self._run(stream))
+
+    async def _run(self, stream):
+        from asr.base import RecognizerFailed
+
+        try:
+            async for ev in stream.events():
+                self.events.append(ev)
+        except RecognizerFailed as e:
+            self.error = e
+
+    def words(self, events=None) -> list[tuple[str, float, float]]:
+        from asr.base import WordEvent
+
+        return [(e.word.text, e.word.start, e.word.end) for e in (self.events if events is None else events)
+                if isinstance(e, WordEvent)]
+
+    def text(self, events=None) -> str:
+        return " ".join(w for w, _, _ in self.words(events))
+
+
 def flite_available() -> bool:
     return shutil.which("flite") is not None
 

@@ -29,12 +29,12 @@ import soundfile as sf
 import soxr
 from prometheus_client.parser import text_string_to_metric_families
 
-from asr.base import Flushed, Gap, RecognizerFailed, RecognizerUnavailable, WordEvent
+from asr.base import Flushed, Gap, RecognizerUnavailable, WordEvent
 from asr.remote import RemoteRecognizer, getaddrinfo_resolve
 from asr.wer import wer
 
 sys.path.insert(0, os.path.dirname(__file__))
-from helpers import DEV, await_until
+from helpers import DEV, StreamEvents, await_until, dev_reference
 
 pytestmark = pytest.mark.models
 
@@ -145,31 +145,6 @@ def clip(name: str) -> np.ndarray:
     return soxr.resample(data, rate, SR, quality="HQ").astype(np.float32)
 
 
-def reference(name: str) -> str:
-    for line in (DEV / "transcripts.tsv").read_text().splitlines():
-        file, _, text = line.partition("\t")
-        if file == name:
-            return text
-    raise KeyError(name)
-
-
-class Collector:
-    def __init__(self, stream):
-        self.events: list = []
-        self.error: BaseException | None = None
-        self.task = asyncio.create_task(self._run(stream))
-
-    async def _run(self, stream):
-        try:
-            async for ev in stream.events():
-                self.events.append(ev)
-        except RecognizerFailed as e:
-            self.error = e
-
-    def text(self, events=None) -> str:
-        return " ".join(e.word.text for e in (self.events if events is None else events) if isinstance(e, WordEvent))
-
-
 async def feed(stream, pcm: np.ndarray, chunk: int = 1920) -> None:
     for i in range(0, pcm.size, chunk):
         await stream.feed(pcm[i:i + chunk])
@@ -247,14 +222,14 @@ async def test_a_replica_killed_mid_stream_hands_the_stream_to_the_other_and_lat
     port, replicas = pool
     rec = RemoteRecognizer(f"ws://{NAME}:{port}", resolve=FakeDns(ADDRESSES), reconnect_timeout_s=20)
     stream = await rec.open_stream()
-    events = Collector(stream)
+    events = StreamEvents(stream)
     first, cut, later = (clip(n) for n in ("goforward.wav", "cards_005.wav", "sense_and_sensibility_01_austen_64kb-0880.wav"))
     victim = stream.link.replica.address
     survivor = next(a for a in ADDRESSES if a != victim)
 
     await feed(stream, np.concatenate([first, silence(1.0)]))
     await asyncio.wait_for(stream.flush(stream.fed_samples / SR), TIMEOUT)
-    assert wer([reference("goforward.wav")], [events.text()]) <= 0.25, events.text()
+    assert wer([dev_reference("goforward.wav")], [events.text()]) <= 0.25, events.text()
 
     await feed(stream, cut[:cut.size // 2])  # mid-utterance
     replicas[victim].proc.kill()  # SIGKILL: no close frame, no drain
@@ -276,7 +251,7 @@ async def test_a_replica_killed_mid_stream_hands_the_stream_to_the_other_and_lat
     assert rec.stats.reconnects == 1 and rec.stats.gaps == 1
     assert rec.stats.gap_seconds == pytest.approx(gaps[0].end_s - gaps[0].start_s)
     heard_later = events.text([e for e in events.events if isinstance(e, WordEvent) and e.word.start >= later_s - 0.3])
-    assert wer([reference("sense_and_sensibility_01_austen_64kb-0880.wav")], [heard_later]) <= 0.25, heard_later
+    assert wer([dev_reference("sense_and_sensibility_01_austen_64kb-0880.wav")], [heard_later]) <= 0.25, heard_later
     assert Flushed(end_s) in events.events
     assert await await_until(lambda: replicas[survivor].served() == 1, timeout=10)  # counted as it ends
 

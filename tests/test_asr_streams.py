@@ -30,7 +30,7 @@ from asr.scheduler import EngineScheduler, SchedulerConfig
 from asr.server import AsrServer
 
 sys.path.insert(0, os.path.dirname(__file__))
-from helpers import await_until, free_port, kernel_socket_buffer_bytes  # noqa: E402
+from helpers import StreamEvents, await_until, free_port, kernel_socket_buffer_bytes  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -62,24 +62,8 @@ def audio(seed: int, frames: int) -> np.ndarray:
     return (0.3 * np.sin(2 * np.pi * (150 + 40 * seed) * t) + 0.2 * rng.standard_normal(t.size)).astype(np.float32)
 
 
-class Collector:
-    """Reads a stream's events in a task, as a conversation does."""
-
-    def __init__(self, stream):
-        self.events: list = []
-        self.error: BaseException | None = None
-        self.task = asyncio.create_task(self._run(stream))
-
-    async def _run(self, stream):
-        try:
-            async for ev in stream.events():
-                self.events.append(ev)
-        except RecognizerFailed as e:
-            self.error = e
-
-    def words(self, events=None) -> list[tuple[str, float, float]]:
-        return [(e.word.text, e.word.start, e.word.end) for e in (self.events if events is None else events)
-                if isinstance(e, WordEvent)]
+class Collector(StreamEvents):
+    """The stream's events, as a conversation reads them."""
 
     def before_flushed(self, n: int = 1) -> list:
         """Events before the n-th Flushed."""

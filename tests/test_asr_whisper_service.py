@@ -24,7 +24,7 @@ import websockets
 from asr.moshi_protocol import decode_server
 from asr.server import PATH, AsrServer, build_recognizer, parse_args
 from asr.wer import wer
-from helpers import DEV
+from helpers import DEV, dev_reference
 
 pytestmark = pytest.mark.models
 
@@ -32,14 +32,6 @@ RATE = 24000
 CHUNK = 1920  # 80 ms
 KEY = {"kyutai-api-key": "public_token"}
 CLIPS = ["sense_and_sensibility_01_austen_64kb-0870.wav", "goforward.wav"]
-
-
-def reference(name: str) -> str:
-    for line in (DEV / "transcripts.tsv").read_text().splitlines():
-        file, _, text = line.partition("\t")
-        if file == name:
-            return text
-    raise KeyError(name)
 
 
 def clip_24k(name: str) -> np.ndarray:
@@ -110,7 +102,7 @@ async def test_whisper_served_over_moshi_protocol_two_concurrent_streams():
         assert len(steps) >= pcm.size // CHUNK
         assert all("buffered_pcm" in m for m in seen)
         hyps.append(" ".join(m["text"] for m in words if m["type"] == "Word"))
-    refs = [reference(c) for c in CLIPS]
+    refs = [dev_reference(c) for c in CLIPS]
     score = wer(refs, hyps)
     assert score <= 0.20, (score, hyps, refs)
 
@@ -135,7 +127,7 @@ async def test_kyutai_own_client_script_unchanged():
     rows = [m.groups() for m in re.finditer(r"^\s*(\d+\.\d+) -\s*(\d+\.\d+)\s+(\S.*)$", text, re.M)]
     starts, stops, words = [float(a) for a, _, _ in rows], [float(b) for _, b, _ in rows], [w for *_, w in rows]
     assert words, text
-    assert wer([reference(clip)], [" ".join(words)]) <= 0.15, text
+    assert wer([dev_reference(clip)], [" ".join(words)]) <= 0.15, text
     duration = sf.info(str(DEV / clip)).duration
     assert starts == sorted(starts) and all(s <= e for s, e in zip(starts, stops))
     assert 0.9 <= starts[0] and stops[-1] <= 1.0 + duration + 0.2, (starts, stops)
@@ -163,7 +155,7 @@ async def test_livekit_agents_kyutai_stt_plugin_unchanged(tmp_path):
     assert proc.returncode == 0, err.decode()[-3000:]
     result = json.loads(out.decode().strip().splitlines()[-1])
     words = [w["text"] for w in result["words"]]
-    assert wer([reference(clip)], [" ".join(words)]) <= 0.15, (words, reference(clip))
+    assert wer([dev_reference(clip)], [" ".join(words)]) <= 0.15, (words, dev_reference(clip))
     starts = [w["start_time"] for w in result["words"]]
     assert starts == sorted(starts) and 0 <= starts[0] < starts[-1] <= sf.info(str(wav)).duration, starts
 
@@ -244,4 +236,4 @@ async def test_asr_serve_with_no_model_gives_words():
         proc.terminate()
         await asyncio.wait_for(proc.wait(), 30)
     hyp = " ".join(w["text"] for w in words if w["type"] == "Word")
-    assert wer([reference("goforward.wav")], [hyp]) <= 0.25, hyp
+    assert wer([dev_reference("goforward.wav")], [hyp]) <= 0.25, hyp

@@ -7,19 +7,11 @@ import asyncio
 import numpy as np
 import pytest
 import soundfile as sf
-from helpers import DEV, LONG_STORY, await_until, duplex_asr_serve
+from helpers import DEV, LONG_STORY, await_until, dev_reference, duplex_asr_serve
 
 pytestmark = pytest.mark.models
 
 CLIP = "sense_and_sensibility_01_austen_64kb-0870.wav"  # 7 s: partials while it is spoken
-
-
-def _reference(name: str) -> str:
-    for line in (DEV / "transcripts.tsv").read_text().splitlines():
-        clip, ref = line.split("\t")
-        if clip == name:
-            return ref
-    raise KeyError(name)
 
 
 def _audio_frames(audio: np.ndarray, rate: int, trailing_s: float = 1.0) -> list:
@@ -82,7 +74,7 @@ def _check_transcript(down: list, limit: float) -> None:
     assert isinstance(result, DuplexTranscript) and result.words
     assert all(a.start <= b.start and w.start <= w.end for a, b, w in zip(result.words, result.words[1:], result.words))
     assert result.words[-1].end <= result.until_s + 0.5
-    score = wer([_reference(CLIP)], [final.text])
+    score = wer([dev_reference(CLIP)], [final.text])
     print(f"final {final.text!r} WER {score:.3f}")
     assert score <= limit
     ttfb = [d for f in down if isinstance(f, MetricsFrame) for d in f.data
