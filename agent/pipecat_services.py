@@ -106,6 +106,9 @@ class DuplexSTTService(EagerEndOfTurnSTTServiceMixin, STTService):
             from pipecat.services.settings import STTSettings
 
             kwargs["settings"] = STTSettings(model=getattr(recognizer, "name", None), language=None)
+        # pipecat closes a TTFB measurement that no finalized transcript ended within its
+        # timeout (2 s); this service always finalizes, so wait as long as a busy CPU needs
+        kwargs.setdefault("stt_ttfb_timeout", 10.0)
         super().__init__(ttfs_p99_latency=ttfs_p99_latency, **kwargs)
         self._recognizer = recognizer
         self._preroll_s, self._final_pad_s, self._turn_stop_s = preroll_s, final_pad_s, turn_stop_s
