@@ -49,6 +49,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="words of the reply's first TTS chunk (fewer: first audio sooner, one more join)")
     p.add_argument("--no-eou", action="store_true",
                    help="end turns on silence alone (0.5 s), without the smart-turn model")
+    p.add_argument("--endpointing", choices=["rules", "smart-turn", "combined"], default="rules",
+                   help="end-of-turn policy (see duplex bench turns): rules (default: smart-turn, then the "
+                        "transcript's punctuation and the pause), smart-turn alone, or combined (smart-turn's "
+                        "audio score with a text model's end-of-message probability; loads SmolLM2-135M too)")
     p.add_argument("--no-speculation", action="store_true", help="never start replies before the turn ends")
     p.add_argument("--greeting", default=None,
                    help="say this first, as soon as the caller's or page's audio arrives (kept in the context)")
@@ -64,6 +68,7 @@ def _session_config(args):
     cfg = SessionConfig(mode=args.mode, max_tokens=args.max_tokens, speculate=not args.no_speculation,
                         first_chunk_words=args.first_chunk_words, llm_timeout_s=timeout)
     cfg.turns.use_eou = not args.no_eou
+    cfg.turns.endpointing = args.endpointing
     if args.system_prompt:
         cfg.system_prompt = args.system_prompt
     cfg.greeting = args.greeting or None
@@ -103,7 +108,7 @@ def _load(args):
     return load_models(ModelChoice(asr=args.asr, asr_api_key=args.asr_api_key, asr_slots=args.asr_slots,
                                    asr_beam=args.asr_beam, device=args.device, llm=args.llm,
                                    llm_model=args.llm_model, tts=args.tts,
-                                   eou=None if args.no_eou else "smart-turn-v3.2"))
+                                   eou=None if args.no_eou else "smart-turn-v3.2", endpointing=args.endpointing))
 
 
 def _engine_of(recognizer):

@@ -32,6 +32,9 @@ class ModelChoice:
     llm_model: str | None = None  # the model name at an OpenAI-compatible endpoint
     tts: str = "piper"  # piper | path/to/voice.onnx | espeak-ng | flite
     eou: str | None = "smart-turn-v3.2"  # end-of-turn model; None: silence alone ends turns
+    # the end-of-turn policy (agent/endpointing.py): "combined" also loads a text model that
+    # scores whether the transcript is finished (agent.eou.TextTurnScorer)
+    endpointing: str = "rules"
     llm_threads: int | None = None
 
 
@@ -54,6 +57,10 @@ def load_models(choice: ModelChoice | None = None) -> Models:
         # the session asks it alone (nothing else runs until its verdict): both cores, ~23 ms
         # a check here against ~30 ms on one (after 100 ms idle, 6 dev clips)
         eou = SmartTurn(threads=min(2, os.cpu_count() or 1))
+        if choice.endpointing == "combined":
+            from agent.eou import CombinedEou, TextTurnScorer
+
+            eou = CombinedEou(eou, TextTurnScorer.load("smollm2-135m"))
     log.info("models loaded in %.1f s: asr=%s llm=%s tts=%s", time.perf_counter() - t, choice.asr, choice.llm, tts.name)
     return Models(asr=asr, llm=llm, tts=tts, vad_factory=vad.new_stream, eou=eou)
 
