@@ -8,7 +8,7 @@ import signal
 import numpy as np
 import pytest
 
-from helpers import duplex_serve_process, flite_available, page_conversation, say, silence
+from helpers import await_until, duplex_serve_process, flite_available, page_conversation, say, silence
 from test_serving import get, refused_status
 
 pytestmark = [pytest.mark.models, pytest.mark.skipif(not flite_available(), reason="needs flite")]
@@ -24,10 +24,7 @@ async def test_sigterm_lets_the_live_conversation_finish_refuses_new_ones_and_ex
         hold = asyncio.Event()
         talking = asyncio.create_task(page_conversation(url, question, RATE, log=log, hold=hold, timeout=60))
         # the question is being heard: the conversation is live
-        for _ in range(300):
-            if any(e["type"] == "partial" for e in log) or talking.done():
-                break
-            await asyncio.sleep(0.05)
+        await await_until(lambda: any(e["type"] == "partial" for e in log) or talking.done(), timeout=15)
         assert any(e["type"] == "partial" for e in log), log
         proc.send_signal(signal.SIGTERM)
         for _ in range(100):  # the signal is handled on the server's loop: soon, not at once
@@ -37,10 +34,8 @@ async def test_sigterm_lets_the_live_conversation_finish_refuses_new_ones_and_ex
             await asyncio.sleep(0.05)
         assert status == 503 and "draining" in body
         assert await refused_status(url) == 503
-        for _ in range(1200):  # the live turn is answered to its end
-            if any(e["type"] in ("bot_done", "error") for e in log):
-                break
-            await asyncio.sleep(0.05)
+        # the live turn is answered to its end
+        await await_until(lambda: any(e["type"] in ("bot_done", "error") for e in log), timeout=60)
         assert [e for e in log if e["type"] == "bot_done"], log
         assert not [e for e in log if e["type"] == "error"], log
         assert proc.poll() is None  # still serving the one who stayed
