@@ -118,6 +118,18 @@ def _engine_of(recognizer):
     return recognizer if module is not None and isinstance(recognizer, module.EngineRecognizer) else None
 
 
+def _listener(spec: str):
+    """--listener MODULE:FUNCTION[=ARG] -> (its name, FUNCTION(ARG) or FUNCTION())."""
+    import importlib
+
+    target, _, arg = spec.partition("=")
+    module, _, function = target.partition(":")
+    if not module or not function:
+        raise SystemExit(f"duplex serve: --listener {spec!r}: expected MODULE:FUNCTION[=ARG]")
+    make = getattr(importlib.import_module(module), function)
+    return spec, make(arg) if arg else make()
+
+
 def cmd_serve(args) -> int:
     import signal
 
@@ -137,7 +149,8 @@ def cmd_serve(args) -> int:
     config = ServeConfig(host=args.host, port=args.port, audiosocket_port=args.audiosocket, guards=guards,
                          max_sessions=args.max_sessions, load=LoadPolicy(cpu_threshold=args.load_threshold),
                          drain_timeout_s=args.drain_timeout, trace_dir=args.trace_dir, auth_token=args.auth_token,
-                         allowed_origins=args.allowed_origin or [], certfile=args.certfile, keyfile=args.keyfile)
+                         allowed_origins=args.allowed_origin or [], certfile=args.certfile, keyfile=args.keyfile,
+                         listeners=dict(map(_listener, args.listener or [])))
 
     async def serve() -> None:
         server = Server(models, _session_config(args), config, engine=_engine_of(models.asr))
@@ -277,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace-dir", help="write a Perfetto trace (+ JSONL log) per session here")
     p.add_argument("--audiosocket", type=int, metavar="PORT",
                    help="also take phone calls from Asterisk's AudioSocket on this TCP port (SIP through a PBX)")
+    p.add_argument("--listener", action="append", metavar="MODULE:FUNCTION[=ARG]",
+                   help="also serve a transport of your own: FUNCTION(ARG) in MODULE returns its listener "
+                        "(README, 'Adding a transport'; e.g. examples.pcm_tcp_transport:listener=9100); "
+                        "repeatable")
     p.add_argument("--max-sessions", type=positive_int, default=16,
                    help="conversations at once, every route and port together (default 16); beyond it, or "
                         "when the load is too high, a page gets HTTP 503 before its WebSocket opens and a "

@@ -16,7 +16,7 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +45,10 @@ log = logging.getLogger("duplex.serve")
 BUSY = "Sorry, all our lines are busy right now. Please call again in a few minutes."
 GOODBYE = "Sorry, I have to end our call now. Goodbye."
 
+# A transport of your own (README, "Adding a transport"): `listen(conversation, admission)` accepts
+# far ends until cancelled, and for each one admitted runs `await conversation(transport)`.
+Listener = Callable[[Callable[[Transport], Awaitable[None]], Admission], Awaitable[None]]
+
 
 @dataclass
 class ServeConfig:
@@ -60,6 +64,7 @@ class ServeConfig:
     guards: dict[str, Guard] = field(default_factory=dict)  # phone routes: the carriers' signatures
     certfile: str | None = None
     keyfile: str | None = None
+    listeners: dict[str, Listener] = field(default_factory=dict)  # name -> a transport of your own
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.certfile is None:
@@ -70,6 +75,8 @@ class ServeConfig:
 
 
 def _kind(transport: Transport) -> str:
+    if kind := getattr(transport, "kind", None):
+        return kind
     if isinstance(transport, AudioSocketTransport):
         return "sip"
     if isinstance(transport, MediaStreamTransport):
@@ -142,6 +149,8 @@ class Server:
             tasks.append(asyncio.create_task(run_audiosocket_server(
                 self._conversation, cfg.host, cfg.audiosocket_port, admission=self.admission, busy=self._busy),
                 name="audiosocket"))
+        tasks += [asyncio.create_task(listen(self._conversation, self.admission), name=name)
+                  for name, listen in cfg.listeners.items()]
         try:
             started = asyncio.create_task(web_ready.wait())
             await asyncio.wait([started, *tasks], return_when=asyncio.FIRST_COMPLETED)
