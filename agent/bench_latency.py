@@ -35,6 +35,7 @@ import numpy as np
 
 from agent.stages import STAGE_KEYS, breakdown
 from agent.workers import run_in
+from tts.base import known_text
 
 ASR_RATE = 16000
 LEAD_S = 0.5  # silence before each input, so the VAD pre-roll holds audio before the speech
@@ -283,10 +284,7 @@ async def warm_up(models) -> None:
         async for _ in toks:
             pass
 
-    async def one():
-        yield "Hello there."
-
-    async with contextlib.aclosing(models.tts.stream(one())) as chunks:
+    async with contextlib.aclosing(models.tts.stream(known_text("Hello there."))) as chunks:
         async for _ in chunks:
             pass
     vad = models.vad_factory()

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import itertools
 import logging
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,7 +39,7 @@ from transport.telephony.media_streams_ws import MediaStreamTransport
 from transport.telephony.vonage import VonageCall
 from transport.web.access import BrowserAccess
 from transport.web.server import Guard, run_server
-from tts.base import AudioChunk
+from tts.base import AudioChunk, known_text
 
 log = logging.getLogger("duplex.serve")
 
@@ -118,6 +119,7 @@ class Server:
                 if tracer is not None:
                     path = os.path.join(self.config.trace_dir, f"{sid}.trace.json")
                     await run_in("io", write_trace, tracer, path)
+                await run_in("io", release_free_memory)
 
     async def _busy(self, transport: Transport) -> None:
         """A phone call that is not admitted hears why, then is closed by its route."""
@@ -189,12 +191,27 @@ class Server:
         return True
 
 
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def release_free_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim) once a conversation
+    has ended: glibc keeps what the models' native code frees in its per-thread arenas, and each
+    conversation's differently sized buffers would leave a long-running server a little larger."""
+    if _TRIM is not None:
+        _TRIM(0)
+
+
 async def synthesize(tts, text: str) -> AudioChunk:
     """`text` spoken by `tts`, as one chunk."""
-    async def one() -> AsyncIterator[str]:
-        yield text
-
-    chunks = [c async for c in tts.stream(one())]
+    chunks = [c async for c in tts.stream(known_text(text))]
     rate = chunks[0].sample_rate if chunks else tts.sample_rate
     pcm = np.concatenate([c.pcm for c in chunks]) if chunks else np.zeros(0, np.int16)
     return AudioChunk(pcm, rate, text)

@@ -30,6 +30,12 @@ class AudioChunk:
         return self.pcm.size / self.sample_rate
 
 
+async def known_text(*parts: str) -> AsyncIterator[str]:
+    """Text already known in full, as the chunk stream `Synthesizer.stream` reads."""
+    for part in parts:
+        yield part
+
+
 class Synthesizer(Protocol):
     name: str
     sample_rate: int
