@@ -150,10 +150,12 @@ def cmd_serve(args) -> int:
                          max_sessions=args.max_sessions, load=LoadPolicy(cpu_threshold=args.load_threshold),
                          drain_timeout_s=args.drain_timeout, trace_dir=args.trace_dir, auth_token=args.auth_token,
                          allowed_origins=args.allowed_origin or [], certfile=args.certfile, keyfile=args.keyfile,
+                         ice_hosts=args.ice_host or [], ice_servers=args.ice_server or [],
                          listeners=dict(map(_listener, args.listener or [])))
 
     async def serve() -> None:
         server = Server(models, _session_config(args), config, engine=_engine_of(models.asr))
+        server.metrics.show_recognizer_pool(models.asr)  # a ws:// pool's failovers and gaps, if it is one
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):  # the first drains; a second ends at once
             loop.add_signal_handler(sig, server.drain)
@@ -277,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         return _delegate("agent.bench_latency", argv[2:])
     if argv[:2] == ["bench", "turns"]:
         return _delegate("agent.bench_turns", argv[2:])
+    if argv[:2] == ["bench", "pipecat"]:
+        return _delegate("agent.bench_pipecat", argv[2:])
     if argv[:2] in (["bench", "load"], ["bench", "soak"]):
         return _delegate("agent.bench_load", argv[1:])
 
@@ -327,6 +331,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="a web origin (scheme://host[:port]) whose pages may open /ws; repeat for more. "
                         "The server's own origin always may; default: also http(s)://localhost and "
                         "127.0.0.1 on any port. A browser from any other origin gets HTTP 403")
+    p.add_argument("--ice-host", action="append", metavar="IP",
+                   help="WebRTC: gather only this host address as an ICE candidate (repeat for more; "
+                        "e.g. 127.0.0.1 for a page on this machine); default: every interface's address")
+    p.add_argument("--ice-server", action="append", metavar="URL",
+                   help="WebRTC: a STUN or TURN server, stun:HOST:PORT or USER:PASSWORD@turn:HOST:PORT"
+                        "?transport=udp (repeatable; aiortc uses the first of each kind). Needed across "
+                        "NATs on the internet; host candidates are enough on a LAN or localhost")
     _trace_args(p)
     _model_args(p)
     p.set_defaults(func=cmd_serve)
@@ -362,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("trace", help="trace tools: `duplex trace report TRACE`")
     sub.add_parser("bench", help="benchmarks: `duplex bench latency` (concurrent vs waterfall), "
                                  "`duplex bench turns` (end-of-turn policies: latency and false cut-offs), "
+                                 "`duplex bench pipecat` (the pipecat bot on duplex's services vs pipecat's own), "
                                  "`duplex bench load` (conversations at once against a running server), "
                                  "`duplex bench soak` (sequential conversations, RSS)")
 

@@ -24,8 +24,8 @@ import numpy as np
 from agent.eou import as_of_pause
 from agent.trace import Ev, Stage
 from agent.turns import (
-    BargeIn, EndOfTurn, ResumeReply, SpeechPaused, SpeechResumed, SpeechStopped, StartUtterance, State, TurnConfig,
-    TurnMachine)
+    CancelReply, DiscardTranscript, EndOfTurn, PauseReply, ResumeReply, SpeechPaused, SpeechResumed, SpeechStopped,
+    StartUtterance, State, TurnConfig, TurnMachine)
 from agent.workers import cancel_and_wait, run_in
 from asr.base import (
     Flushed, Gap, Partial, RecognizerFailed, RecognizerStream, StreamingRecognizer, Utterances, Word, WordEvent)
@@ -52,8 +52,16 @@ class UserStarted:
 
 
 @dataclass(frozen=True)
+class UserSpokeOver:
+    """The user began speaking over the bot: hold its audio now (words will tell whether it
+    was an interruption)."""
+
+    speech_start: float  # perf_counter time of that speech's first VAD frame
+
+
+@dataclass(frozen=True)
 class UserBargedIn:
-    """The user spoke over the bot long enough to be an interruption."""
+    """Words over the bot: a real interruption; the paused reply is cancelled."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +102,7 @@ class UserTranscript:
 
 @dataclass(frozen=True)
 class FalseInterruption:
-    """The barge-in held no words: speak the interrupted reply again."""
+    """The speech over the bot held no words (noise, a backchannel): play on from the pause."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,7 @@ class RecognizerLost:
     message: str
 
 
-ListenerEvent = (StateChange | UserStarted | UserBargedIn | HeardPartial | PauseTranscript | UserResumed
+ListenerEvent = (StateChange | UserStarted | UserSpokeOver | UserBargedIn | HeardPartial | PauseTranscript | UserResumed
                  | TurnEnded | UserTranscript | FalseInterruption | RecognizerLost)
 
 
@@ -237,7 +245,9 @@ class Listener:
             await self._on_command(cmd)
 
     async def _on_command(self, cmd) -> None:
-        if isinstance(cmd, BargeIn):
+        if isinstance(cmd, PauseReply):
+            await self._emit(UserSpokeOver(self.wall_of(cmd.t_speech_start)))
+        elif isinstance(cmd, CancelReply):
             await self._emit(UserBargedIn())
         elif isinstance(cmd, StartUtterance):
             self._pause_decodes = 0
@@ -332,10 +342,12 @@ class Listener:
                 await previous
         with self.tracer.span(Stage.ASR, Ev.FINAL_DECODE, turn=turn):
             text, words = await self._transcript_until(until, take=True)
-        n_words = len(text.split()) if any(ch.isalnum() for ch in text) else 0
-        commands = self.turns.on_final(time.perf_counter(), n_words)
-        await self._emit(UserTranscript(text if n_words else "", words if n_words else (), time.perf_counter()))
-        await self._run_commands(commands)  # maybe ResumeReply
+        commands = self.turns.on_final(time.perf_counter(), text)
+        # noise or backchannels over the bot are no turn to answer
+        keep = any(ch.isalnum() for ch in text) and not any(isinstance(c, DiscardTranscript) for c in commands)
+        # a cancel or a resume first: the reply it decides on goes before a new one starts
+        await self._run_commands(commands)
+        await self._emit(UserTranscript(text if keep else "", words if keep else (), time.perf_counter()))
         await self._state_changed()
 
     async def _transcript_until(self, until: float, take: bool) -> tuple[str, tuple[Word, ...]]:
@@ -371,7 +383,7 @@ class Listener:
                 elif isinstance(ev, Partial):
                     self.tracer.instant(Stage.ASR, Ev.PARTIAL, turn=self._turn(), text=ev.text)
                     await self._emit(HeardPartial(ev.text, ev.stable_text))
-                    await self._run_commands(self.turns.on_words(self.t_audio, len(ev.text.split())))
+                    await self._run_commands(self.turns.on_words(self.t_audio, ev.text))
                     await self._state_changed()
                 elif isinstance(ev, Gap):
                     log.warning("recognizer gap %.2f-%.2f s: %s", ev.start_s, ev.end_s, ev.reason)

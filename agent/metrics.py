@@ -1,8 +1,8 @@
 """What `/metrics` shows of a serving process, in Prometheus text exposition: conversations live
 and ended (served, refused, failed), each finished turn's voice-to-voice time and stage breakdown
-(agent.stages), the in-process recognizer engine's free slots, event-loop lag, the load that
-admission reads (CPU, the LLM's queue) and the process (memory, CPU time). One registry
-per server (not prometheus-client's global one), so servers and tests do not share counts."""
+(agent.stages), the in-process recognizer engine's free slots or a remote pool's failovers
+and gaps, event-loop lag, the load that admission reads (CPU, the LLM's queue) and the process
+(memory, CPU time). One registry per server (not prometheus-client's global one), so servers and tests do not share counts."""
 from __future__ import annotations
 
 import contextlib
@@ -18,6 +18,8 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from agent.stages import STAGE_KEYS
 from transport.base import AudioOut, InputEvent, Transport
@@ -63,6 +65,14 @@ class ServerMetrics:
         Gauge("duplex_llm_queue_depth", "Replies waiting for the LLM's first token",
               registry=self.registry).set_function(monitor.llm_queue)
 
+    def show_recognizer_pool(self, recognizer) -> None:
+        """A remote recognizer pool's failovers (asr.remote.RemoteRecognizer.stats), for a
+        recognizer that keeps them: words said during a gap are lost, so they are counted."""
+        from asr.remote import PoolStats
+
+        if isinstance(stats := getattr(recognizer, "stats", None), PoolStats):
+            self.registry.register(PoolCollector(stats))
+
     def refused(self, reason: str) -> None:
         """transport.admission's on_refused."""
         self.total.labels("refused").inc()
@@ -98,6 +108,27 @@ class ServerMetrics:
             self.total.labels("failed" if reason else "served").inc()
             if reason:
                 log.warning("%s ended abnormally: %s", session_id, reason)
+
+class PoolCollector(Collector):
+    """asr.remote.PoolStats as counters, read at each scrape (the recognizer counts; we show)."""
+
+    def __init__(self, stats):
+        self.stats = stats
+
+    def collect(self):
+        s = self.stats
+        yield CounterMetricFamily("duplex_recognizer_failovers",
+                                  "Recognizer streams moved to another replica after theirs was lost mid-call",
+                                  value=s.reconnects)
+        yield CounterMetricFamily("duplex_recognizer_gaps", "Gaps in a conversation's transcript left by failovers",
+                                  value=s.gaps)
+        yield CounterMetricFamily("duplex_recognizer_gap_seconds",
+                                  "Caller audio no recognizer transcribed in those gaps (its words are lost)",
+                                  value=s.gap_seconds)
+        yield CounterMetricFamily("duplex_recognizer_refusals",
+                                  "Replica tries that were refused or went unanswered (full, draining, down)",
+                                  value=s.refusals)
+
 
 class WatchedTransport:
     """A conversation's transport, passed through, noting the events that metrics need: each

@@ -1,14 +1,14 @@
 """The conversation's replies: at most one speaking and one speculative branch held at its gate.
 
-Commit a branch whose guess was right, cancel one that was wrong, cut the reply on a barge-in
-(keeping what was heard of it), and resume it after a false interruption. Speculation is not
-free, so what it wastes is counted.
+Commit a branch whose guess was right, cancel one that was wrong; pause the reply when the user
+speaks over it, then cut it if they said words (keeping what was heard of it) or resume it from
+where its audio stopped if they did not. Speculation is not free, so what it wastes is counted.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from agent.history import History, Resumable, cut_reply
+from agent.history import History
 from agent.records import TurnLog, TurnRecord
 from agent.reply import Reply
 from agent.speculation import SpeculationStats, same_transcript
@@ -24,11 +24,14 @@ class Replies:
         self.current: Reply | None = None  # the reply being spoken (or thought of)
         self.branch: Reply | None = None  # a speculative reply, held at its gate
         self._branch_text = ""
-        self._resumable: Resumable | None = None
+        self.paused = False  # the user speaks over the bot: a reply started or committed now is held
         self.stats = SpeculationStats()
 
     def start(self, rec: TurnRecord, user_text: str | None, **kw) -> Reply:
-        self.current = self._new_reply(rec, user_text, **kw).start()
+        reply = self._new_reply(rec, user_text, **kw)
+        if self.paused:
+            reply.hold()
+        self.current = reply.start()
         return self.current
 
     def finished(self, reply: Reply) -> None:
@@ -61,7 +64,6 @@ class Replies:
         if not rec.user_text:
             await self.cancel_branch("empty transcript")
             return  # the listener resumes an interrupted reply, or listens again
-        self._resumable = None  # the user really spoke: the interrupted reply is gone
         branch = self.branch
         if branch is not None and same_transcript(self._branch_text, rec.user_text) and branch.running:
             self.branch = None
@@ -73,6 +75,8 @@ class Replies:
             b.speculative = True
             self.records[rec.index] = b
             self.current = branch
+            if self.paused:
+                branch.hold()  # held at its gate, it has sent nothing
             branch.commit()
             return
         await self.cancel_branch("transcript changed" if branch else "")
@@ -81,37 +85,44 @@ class Replies:
                 await self.current.cancel()
             self.start(rec, rec.user_text)
 
-    # ---- cut and resume ------------------------------------------------------------------------
+    # ---- talked over: pause, then cut or resume ----------------------------------------------
+    async def pause(self) -> bool:
+        """The user speaks over the bot: its audio stops now, and the far end drops what it had
+        buffered (the reply sends it again if it resumes). True if the reply had sent audio."""
+        self.paused = True
+        reply = self.current
+        audible = reply is not None and await reply.pause()
+        await self.transport.clear()  # as at every barge-in, whether or not anything was sent
+        self.tracer.instant(Stage.TRANSPORT, Ev.CLEAR, turn=len(self.records) - 1)
+        return audible
+
     async def barge_in(self) -> str:
-        """Stop everything the user would hear; returns what they heard of the cut reply."""
+        """Words over the bot: cut the paused reply; returns what was heard of it (nothing
+        after the pause: the far end dropped it)."""
+        self.paused = False
         reply, self.current = self.current, None
         await self.cancel_branch("barge-in")
-        if reply is not None:
-            await reply.cancel()
-        await self.transport.clear()
-        self.tracer.instant(Stage.TRANSPORT, Ev.CLEAR, turn=len(self.records) - 1)
         if reply is None:
             return ""
+        await reply.cancel()
         self._keep_cut(reply, "barge-in")
-        rec = reply.record
-        self._resumable = cut_reply(rec.index, rec.user_text, rec.reply_text, reply.playout.heard,
-                                    reply.playout.played())
-        return rec.heard_text
+        return reply.record.heard_text
 
     def resume(self) -> bool:
-        """False interruption: speak the cut reply again from its cut clause; False if none."""
-        cut, self._resumable = self._resumable, None
-        if cut is None:
+        """A false interruption: the paused reply plays on from the sample where its audio
+        stopped; False if there is none left to resume."""
+        self.paused = False
+        reply = self.current
+        if reply is None or not reply.running:
             return False
-        self.tracer.instant(Stage.TURN, Ev.RESUME, turn=cut.turn, text=cut.rest)
-        self.history.forget_cut(cut)
-        self.start(TurnRecord(index=cut.turn, user_text=cut.user_text), cut.user_text, fixed_text=cut.rest,
-                   spoken_prefix=cut.heard_before_clause)
+        at = reply.resume()
+        self.tracer.instant(Stage.TURN, Ev.RESUME, turn=reply.record.index, at_s=round(at, 6))
         return True
 
     async def end_with_session(self, why: str) -> None:
         """The far end hung up (or the input ended) while a reply was on its way: the turn keeps
         the user's words and what was heard of the reply, as after a barge-in."""
+        self.paused = False  # what is said now (a goodbye, an apology) is not held
         await self.cancel_branch(why)
         reply, self.current = self.current, None
         if reply is None or not reply.running:

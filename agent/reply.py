@@ -5,7 +5,9 @@ while the LLM still generates, and audio goes out while later clauses are synthe
 `mode="waterfall"` the same stages run strictly one after another (for latency comparisons).
 A reply is one task, its cancellation scope: cancelling it stops the LLM within a token and the
 voice within a chunk. A speculative reply runs behind a gate: its audio is held until the turn
-it guessed is confirmed. Every queue is bounded.
+it guessed is confirmed. A reply the user speaks over is paused (its audio stops at once, its
+LLM is not read) until the session cancels it or resumes it from the sample where it stopped.
+Every queue is bounded.
 
 Faults: the LLM must give its first token within `llm_timeout_s`, and each next one within
 `llm_timeout_s` of the one before (a stopped server sends nothing, and a healthy one sends a
@@ -23,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -80,44 +83,158 @@ class ReplyHooks(Protocol):
         """A model failed mid-reply (an LLM server gone, a voice that raises)."""
 
 
+@dataclass(eq=False)
+class _Piece:
+    """One audio message: its samples and words, and once sent its id, offset and play start."""
+
+    pcm: np.ndarray
+    rate: int
+    text: str
+    heard: bool = True  # the reply's words (False: an apology, kept out of what was heard)
+    cid: int = -1
+    offset_s: float = 0.0  # reply seconds before it
+    sent: bool = False
+    started_at: float | None = None  # perf_counter time the far end said it began playing
+
+    @property
+    def seconds(self) -> float:
+        return self.pcm.size / self.rate
+
+
 class Playout:
     """Sends reply audio in small pieces, at most `lead_s` ahead of real time, and records in
-    `heard` which text each piece speaks, so the words the user actually heard are known."""
+    `heard` which text each piece speaks, so the words the user actually heard are known.
 
-    def __init__(self, transport: Transport, lead_s: float, piece_s: float, new_id: Callable[[], int]):
-        self.transport, self.lead_s, self.piece_s = transport, lead_s, piece_s
+    One sender task sends the pieces in order. `pause` stops it at once (the caller then clears
+    the far end, which drops what it had buffered); `resume` plays on from the sample where the
+    far end stopped: the audio from there is sent again under new ids, and the pieces the clear
+    dropped leave `heard`, so what was cleared unplayed never counts as heard. The audio kept for
+    that is the last `keep_s` seconds sent (the far end holds at most `lead_s` of it)."""
+
+    def __init__(self, transport: Transport, lead_s: float, piece_s: float, new_id: Callable[[], int],
+                 keep_s: float = 2.0):
+        self.transport, self.lead_s, self.piece_s, self.keep_s = transport, lead_s, piece_s, keep_s
         self._new_id = new_id  # chunk ids are unique for the whole session
-        self.t0: float | None = None
-        self.sent_s = 0.0
+        self.t0: float | None = None  # perf_counter time of reply second 0 (a resume moves it)
+        self.sent_s = 0.0  # reply seconds sent (a resume goes back to where the far end stopped)
         self.heard = Heard()
+        self._queue: deque[_Piece] = deque()  # to send, in order: one chunk's pieces, after a resume's
+        self._recent: deque[_Piece] = deque()  # sent, with their audio, for a resume (the last keep_s)
+        self._running = asyncio.Event()
+        self._running.set()
+        self._paused_at: float | None = None
+        self._tick = asyncio.Event()  # set, then replaced, at each change: a piece queued or sent, a pause, a resume
+        self._sending = asyncio.Lock()  # held while a piece is on its way to the transport
+        self._sender: asyncio.Task | None = None
+        self._error: BaseException | None = None  # the transport failed: every wait raises it
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
 
     async def play(self, chunk: AudioChunk, heard: bool = True) -> None:
-        """`heard=False`: audio that is not the reply's words (an apology); kept out of `heard`."""
-        first = True
-        for pcm, text in split_chunk(chunk, self.piece_s):
-            if self.t0 is None:
-                self.t0 = time.perf_counter()
-            ahead = self.sent_s - (time.perf_counter() - self.t0)
-            if ahead > self.lead_s:
-                await asyncio.sleep(ahead - self.lead_s)
-            cid = self._new_id()
-            if heard:
-                self.heard.sent(cid, self.sent_s, text, clause=chunk.text if first else None)
-            first = False
-            await self.transport.send_audio(AudioOut(pcm, chunk.sample_rate, cid, text))
-            self.sent_s += pcm.size / chunk.sample_rate
+        """Send a chunk; returns once its last piece is sent (paced, so at most `lead_s` ahead).
+        `heard=False`: audio that is not the reply's words (an apology); kept out of `heard`."""
+        pieces = [_Piece(pcm, chunk.sample_rate, text, heard) for pcm, text in split_chunk(chunk, self.piece_s)]
+        self._queue.extend(pieces)
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._send_all(), name="playout")
+        self._changed()
+        await self._until(lambda: pieces[-1].sent)
 
     async def wait_played(self) -> None:
+        """Until all was sent and its time to play has come (a pause waits for the resume)."""
+        while True:
+            tick = self._tick
+            if self._error is not None:
+                raise self._error
+            if self.paused or self._queue:
+                await tick.wait()
+                continue
+            remaining = self.t0 + self.sent_s - time.perf_counter() if self.t0 is not None else 0.0
+            if remaining <= 0:
+                return
+            with contextlib.suppress(TimeoutError):  # or a pause meanwhile: look again
+                async with asyncio.timeout(remaining):
+                    await tick.wait()
+
+    def hold(self) -> None:
+        """Stop sending (a reply that has sent nothing yet can be held before it starts)."""
+        if self._running.is_set():
+            self._running.clear()
+            self._paused_at = time.perf_counter()
+            self._changed()
+
+    async def pause(self) -> bool:
+        """Stop sending now; returns once no piece is on its way, so that a clear sent next
+        drops all that was sent. True if any audio went out (there is something to clear)."""
+        self.hold()
+        async with self._sending:
+            pass
+        return self.t0 is not None
+
+    def resume(self) -> float:
+        """Play on from where the far end stopped (`paused_position`); returns that position in
+        reply seconds. The piece it stopped in is sent again from that sample (its words were
+        heard: it had begun), the pieces after it whole, with their words."""
+        if not self.paused:
+            return self.sent_s
+        pos = self.paused_position()
+        again, dropped = [], set()
+        for p in self._recent:
+            if p.offset_s + p.seconds <= pos + 1e-9:
+                continue
+            skip = round((pos - p.offset_s) * p.rate)
+            if skip <= 0:
+                again.append(_Piece(p.pcm, p.rate, p.text, p.heard))
+                dropped.add(p.cid)
+            else:
+                again.append(_Piece(p.pcm[skip:], p.rate, "", p.heard))
+        self.heard.dropped(dropped)
+        self._recent = deque(p for p in self._recent if p.offset_s + p.seconds <= pos + 1e-9)
+        self._queue.extendleft(reversed(again))
         if self.t0 is not None:
-            remaining = self.t0 + self.sent_s - time.perf_counter()
-            if remaining > 0:
-                await asyncio.sleep(remaining)
+            self.t0 = time.perf_counter() - pos  # the clock goes on from the paused sample
+        self.sent_s = pos
+        self._paused_at = None
+        self._running.set()
+        self._changed()
+        return pos
+
+    def paused_position(self) -> float:
+        """Reply seconds the far end played before it stopped. From its marks: into the last
+        piece it said it began, by the time from that mark to the pause (the mark's way back
+        makes this a little early, so a resume repeats a few ms rather than skip them); from
+        the clock for a far end without marks."""
+        if not self.transport.reports_playout:
+            return self.clock()
+        started = [p for p in self._recent if p.started_at is not None]
+        if not started:  # none of the audio kept was begun: all of it is still to play
+            return self._recent[0].offset_s if self._recent else self.sent_s
+        last = started[-1]
+        at = self._paused_at if self._paused_at is not None else time.perf_counter()
+        return last.offset_s + min(last.seconds, max(0.0, at - last.started_at))
+
+    def clock(self) -> float:
+        """Reply seconds due to have played by now (by the pause, while paused), within what was sent."""
+        if self.t0 is None:
+            return 0.0
+        at = self._paused_at if self._paused_at is not None else time.perf_counter()
+        return max(0.0, min(at - self.t0, self.sent_s))
+
+    def on_played(self, chunk_id: int, at: float | None = None) -> None:
+        """The far end began playing piece `chunk_id` (at perf_counter time `at`, default now)."""
+        self.heard.played(chunk_id)
+        for p in reversed(self._recent):
+            if p.cid == chunk_id:
+                p.started_at = time.perf_counter() if at is None else at
+                break
 
     def played(self) -> set[int]:
         """The pieces the far end started playing (its marks), else those whose time came."""
         if self.transport.reports_playout:
             return self.heard.played_ids
-        return self.heard.played_by_time(time.perf_counter() - self.t0 if self.t0 is not None else 0.0)
+        return self.heard.played_by_time(self.clock())
 
     def heard_text(self) -> str:
         return self.heard.text(self.played())
@@ -125,6 +242,57 @@ class Playout:
     def sent_text(self) -> str:
         """The reply's words sent so far: what the user hears of it unless it is cut."""
         return self.heard.text({cid for cid, _, _ in self.heard.pieces})
+
+    async def close(self) -> None:
+        await cancel_and_wait(self._sender)
+
+    # ---- the sender ----------------------------------------------------------------------------
+    def _changed(self) -> None:
+        self._tick.set()
+        self._tick = asyncio.Event()
+
+    async def _until(self, done: Callable[[], bool]) -> None:
+        while True:
+            tick = self._tick
+            if self._error is not None:
+                raise self._error
+            if done():
+                return
+            await tick.wait()
+
+    async def _send_all(self) -> None:
+        try:
+            while True:
+                tick = self._tick
+                if self.paused or not self._queue:
+                    await tick.wait()
+                    continue
+                if self.t0 is None:
+                    self.t0 = time.perf_counter()
+                ahead = self.sent_s - (time.perf_counter() - self.t0)
+                if ahead > self.lead_s:
+                    with contextlib.suppress(TimeoutError):  # a pause meanwhile: look again
+                        async with asyncio.timeout(ahead - self.lead_s):
+                            await tick.wait()
+                    continue
+                piece = self._queue.popleft()
+                async with self._sending:  # no await between the pause check and this
+                    await self._send(piece)
+                self._changed()
+        except Exception as e:  # noqa: BLE001 - the reply's waits raise it
+            self._error = e
+            self._changed()
+
+    async def _send(self, piece: _Piece) -> None:
+        piece.cid, piece.offset_s = self._new_id(), self.sent_s
+        if piece.heard:
+            self.heard.sent(piece.cid, piece.offset_s, piece.text)
+        self._recent.append(piece)
+        while self._recent and self._recent[0].offset_s + self._recent[0].seconds < self.clock() - self.keep_s:
+            self._recent.popleft()
+        await self.transport.send_audio(AudioOut(piece.pcm, piece.rate, piece.cid, piece.text))
+        self.sent_s += piece.seconds
+        piece.sent = True
 
 
 def split_chunk(chunk: AudioChunk, piece_s: float) -> list[tuple[np.ndarray, str]]:
@@ -144,18 +312,21 @@ class Reply:
 
     def __init__(self, record: TurnRecord, messages: list[Message], *, llm: ChatModel, tts: Synthesizer,
                  transport: Transport, config: ReplyConfig, tracer, new_chunk_id: Callable[[], int],
-                 hooks: ReplyHooks, speculative: bool = False, fixed_text: str | None = None,
-                 spoken_prefix: str = ""):
+                 hooks: ReplyHooks, speculative: bool = False, fixed_text: str | None = None):
         self.record, self.messages = record, messages
         self.llm, self.tts, self.config, self.tracer, self.hooks = llm, tts, config, tracer, hooks
-        self.fixed_text, self.spoken_prefix = fixed_text, spoken_prefix
+        self.fixed_text = fixed_text
         self.playout = Playout(transport, config.playout_lead_s, config.piece_s, new_chunk_id)
         self.gate = asyncio.Event()  # audio is held until it opens (a speculation's commit)
         if not speculative:
             self.gate.set()
+        # paused (the user speaks over it): no audio goes out and the LLM is not read, so the
+        # recognizer that decides whether it was an interruption has the cores
+        self._unpaused = asyncio.Event()
+        self._unpaused.set()
         self.audible = False  # its first audio went out
         self.llm_error: BaseException | None = None  # the LLM failed (vs. the voice or the line)
-        self.spoken = ""  # what was said to the end: the spoken prefix, then the reply's text
+        self.spoken = ""  # what was said to the end
         self.task: asyncio.Task | None = None
 
     @property
@@ -173,6 +344,26 @@ class Reply:
         await cancel_and_wait(self.task)
 
     @property
+    def paused(self) -> bool:
+        return not self._unpaused.is_set()
+
+    def hold(self) -> None:
+        """Pause a reply that has sent nothing yet (it starts or is committed while the user
+        speaks over the bot)."""
+        self._unpaused.clear()
+        self.playout.hold()
+
+    async def pause(self) -> bool:
+        """Stop its audio now (see `Playout.pause`); True if any was sent (to clear)."""
+        self._unpaused.clear()
+        return await self.playout.pause()
+
+    def resume(self) -> float:
+        """Play on from the sample where the far end stopped; returns it (reply seconds)."""
+        self._unpaused.set()
+        return self.playout.resume()
+
+    @property
     def running(self) -> bool:
         return self.task is not None and not self.task.done()
 
@@ -180,6 +371,12 @@ class Reply:
         return self.record.tts_samples
 
     async def _run(self) -> None:
+        try:
+            await self._stages_or_failure()
+        finally:
+            await self.playout.close()
+
+    async def _stages_or_failure(self) -> None:
         try:
             await self._stages()
         except Exception as e:  # noqa: BLE001 - reported to the client, the session survives
@@ -193,7 +390,7 @@ class Reply:
             rec.reply_text = "".join(rec.tokens).strip()
             rec.error = describe(e)
             # the words sent before the failure play out (nothing clears them): they were heard
-            self.spoken = (self.spoken_prefix + " " + self.playout.sent_text()).strip()
+            self.spoken = self.playout.sent_text()
             rec.heard_text = self.spoken
             if self.llm_error is not None and self.config.apology:
                 await self._apologize()
@@ -242,6 +439,7 @@ class Reply:
             async with contextlib.aclosing(self.llm.stream(self.messages, cfg.max_tokens)) as toks:
                 it, n = aiter(toks), 0
                 while True:
+                    await self._unpaused.wait()  # not part of the LLM's time: outside its bound
                     limit = cfg.llm_timeout_s  # read at each wait: it may be changed mid-reply
                     try:  # only the wait for the LLM is bounded, not what the reply does between tokens
                         async with asyncio.timeout(limit) as deadline:
@@ -337,8 +535,7 @@ class Reply:
         await self.gate.wait()  # a speculative reply with no audio still waits to be committed
         rec.reply_text = "".join(tokens).strip()
         await self.playout.wait_played()
-        said = self.playout.sent_text() if rec.tts_skipped else rec.reply_text  # a skipped chunk was not heard
-        self.spoken = (self.spoken_prefix + " " + said).strip()  # a resumed reply follows what was heard
+        self.spoken = self.playout.sent_text() if rec.tts_skipped else rec.reply_text  # a skipped chunk was not heard
         rec.heard_text = self.spoken
         tr.instant(Stage.TURN, Ev.TURN_END, turn=rec.index)
         await self.hooks.reply_finished(self)

@@ -39,6 +39,8 @@ from transport.telephony.media_streams_ws import MediaStreamTransport
 from transport.telephony.vonage import VonageCall
 from transport.web.access import BrowserAccess
 from transport.web.server import Guard, run_server
+from transport.webrtc.signalling import WebRTCOffers, WebRTCOptions, offer_routes
+from transport.webrtc.transport import WebRTCTransport
 from tts.base import AudioChunk, known_text
 
 log = logging.getLogger("duplex.serve")
@@ -66,6 +68,8 @@ class ServeConfig:
     certfile: str | None = None
     keyfile: str | None = None
     listeners: dict[str, Listener] = field(default_factory=dict)  # name -> a transport of your own
+    ice_hosts: list[str] = field(default_factory=list)  # WebRTC: the only host candidates gathered
+    ice_servers: list[str] = field(default_factory=list)  # WebRTC: STUN/TURN URLs
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.certfile is None:
@@ -82,6 +86,8 @@ def _kind(transport: Transport) -> str:
         return "sip"
     if isinstance(transport, MediaStreamTransport):
         return transport.call.name
+    if isinstance(transport, WebRTCTransport):
+        return "webrtc"
     return "web"
 
 
@@ -141,11 +147,13 @@ class Server:
                   for name, d in DIALECTS.items()}
         routes["/vonage"] = lambda ws: MediaStreamTransport(ws, VonageCall())
         web_ready = asyncio.Event()
+        offers = WebRTCOffers(self._conversation, self.admission,
+                              WebRTCOptions(tuple(cfg.ice_hosts), tuple(cfg.ice_servers)))
         tasks = [asyncio.create_task(run_server(
                      self._conversation, cfg.host, cfg.port, self.models.tts.sample_rate, web_ready,
                      admission=self.admission, routes=routes, http_routes={"/metrics": self.metrics.exposition},
                      access=BrowserAccess.of(cfg.auth_token, cfg.allowed_origins), guards=cfg.guards,
-                     busy=self._busy, ssl=cfg.ssl_context()), name="web"),
+                     busy=self._busy, ssl=cfg.ssl_context(), post_routes=offer_routes(offers)), name="web"),
                  asyncio.create_task(self.monitor.run(on_lag=self.metrics.loop_lag.observe), name="load")]
         if cfg.audiosocket_port is not None:
             tasks.append(asyncio.create_task(run_audiosocket_server(
@@ -169,6 +177,7 @@ class Server:
             await self._finish_live()
         finally:
             await cancel_and_wait(*tasks)
+            await offers.close()
 
     async def _finish_live(self) -> None:
         live = len(self.sessions)

@@ -1,8 +1,9 @@
 """One conversation: the wiring of a listener, the reply pipeline and the history.
 
 transport audio -> `Listener` (VAD, turns, recognizer) -> turn events -> here: start, commit or
-cancel a `Reply` (LLM -> TTS -> playout), cut it on barge-in and resume it on a false
-interruption, and keep the `History`. The parts are in their own modules; this one decides.
+cancel a `Reply` (LLM -> TTS -> playout), pause it the moment the user speaks over it, then cut
+it (words: a barge-in) or resume it where its audio stopped (no words: a false interruption),
+and keep the `History`. The parts are in their own modules; this one decides.
 """
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ from transport.events import (
 
 log = logging.getLogger("duplex.session")
 
+# trace event (stage turn): the reply's audio stopped and the far end was told to drop its buffer,
+# with the time from the first frame of the user's speech over the bot (when audio had gone out)
+REPLY_PAUSED = "reply_paused"
 # said on a line whose recognizer has no room: a phone has no screen to show the error
 APOLOGY = "Sorry, I can't take your call right now. Please try again later."
 
@@ -124,8 +128,13 @@ class Session:
             await self._send_state()
         elif isinstance(ev, heard.UserStarted):
             self.tracer.instant(Stage.TURN, Ev.USER_SPEECH_START, turn=turn)
-        elif isinstance(ev, heard.UserBargedIn):
+        elif isinstance(ev, heard.UserSpokeOver):
+            # the bot yields at the user's first frames: words will tell whether to cut or resume
             self.tracer.instant(Stage.TURN, Ev.BARGE_IN, turn=turn - 1)
+            if await self.replies.pause():
+                self.tracer.instant(Stage.TURN, REPLY_PAUSED, turn=turn - 1,
+                                    speech_to_clear_ms=round((time.perf_counter() - ev.speech_start) * 1000, 1))
+        elif isinstance(ev, heard.UserBargedIn):
             heard_text = await self.replies.barge_in()
             await self._send(Interrupted(heard_text))
         elif isinstance(ev, heard.HeardPartial):
@@ -159,7 +168,9 @@ class Session:
             self.tracer.instant(Stage.ASR, Ev.FINAL, turn=rec.index, text=ev.text)
             await self._send(FinalTranscript(rec.index, ev.text,
                                              tuple((w.text, round(w.start, 3), round(w.end, 3)) for w in ev.words)))
-            await self.replies.answer(rec, start_new=self.listener.state == State.THINKING)
+            # the turn is the bot's to answer; or the user speaks over its thinking (a new reply
+            # starts held, and plays if that proves no interruption)
+            await self.replies.answer(rec, start_new=self.listener.state in (State.THINKING, State.INTERRUPTED))
         elif isinstance(ev, heard.FalseInterruption):
             if not self.replies.resume():
                 await self.listener.reply_finished()
@@ -171,7 +182,7 @@ class Session:
 
     def _on_played(self, ev: Played) -> None:
         if self.replies.current is not None and ev.event == "start":
-            self.replies.current.playout.heard.played(ev.chunk_id)
+            self.replies.current.playout.on_played(ev.chunk_id, ev.server_time)
         ts = _ns(ev.server_time) if ev.server_time is not None else None
         self.tracer.instant(Stage.CLIENT, Ev.PLAYOUT_START if ev.event == "start" else Ev.PLAYOUT_END,
                             turn=len(self.records) - 1, ts_ns=ts, chunk=ev.chunk_id)

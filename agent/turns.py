@@ -1,14 +1,15 @@
 """Turn-taking as a pure state machine: events in, state changes and commands out. No models, no I/O.
 
 Events: VAD frames (`on_vad`, which also serve as the clock), end-of-turn model scores (`on_eou`),
-recognised words (`on_words`), and the reply's progress (`on_reply_started`/`on_reply_finished`).
+recognised words (`on_words`, `on_final`), and the reply's progress (`on_reply_started`/`on_reply_finished`).
 
 States::
 
     listening --speech--> user_speaking --pause--> endpoint_pending --EOU/max wait--> thinking
         ^                      ^    <--speech resumes--'                                   |
         |                      |                                               first audio out
-        |                      '--words heard-- interrupted <--barge-in-- bot_speaking <---'
+        |                      '--words heard-- interrupted <--speech over it-- bot_speaking <-'
+        |                        (cancel)            '--no words: resume (pause undone)--^
         '------------reply played------------------------------------------------'
 
 - `decode_after_s` of silence or of quiet frames (one VAD frame; see `quiet_db`) emits
@@ -34,10 +35,17 @@ States::
   may be shorter than `pause_s` (then `SpeechPaused` and `EndOfTurn` come together):
   "smart-turn" (smart-turn alone: its verdict, else `max_endpoint_s`) and "combined" (smart-turn
   + the chat model's end-of-message probability after the transcript + the pause length).
-- Barge-in: `barge_in_min_speech_s` of user speech while the bot thinks or speaks emits `BargeIn`
-  (cancel LLM and TTS, flush playout) and enters `interrupted`. If no words are recognised within
-  `false_interruption_s`, or the utterance ends with no words, it was noise or a backchannel:
-  `ResumeReply` tells the session to speak again from the interrupted clause.
+- Barge-in, in two steps: `barge_in_min_speech_s` of user speech while the bot thinks or speaks
+  emits `PauseReply` and enters `interrupted`: the session holds the reply's audio at once (the
+  far end drops what it buffered) and the reply waits, paused. Words in the utterance (its final
+  transcript, or `partial_words_to_interrupt` of them in a partial) make it a real interruption:
+  `CancelReply`. An utterance whose final transcript
+  holds none (a cough, a click, or only backchannels such as "mm-hmm", see `interrupting_words`)
+  was not one: `ResumeReply` plays on from where the audio paused, and the transcript is not a
+  turn to answer (`DiscardTranscript`). Nor is speech followed by `false_interruption_s` of
+  silence with no words and no end of turn. The timeout counts from the end of that speech,
+  never while it goes on: on a busy CPU the words can take seconds, and a timeout counted from
+  the pause resumed the bot over real questions (`duplex bench latency` lost three turns so).
 
 Defaults, and why:
 - `speech_threshold` 0.5 / `silence_threshold` 0.35: Silero's own hysteresis pair.
@@ -62,8 +70,19 @@ Defaults, and why:
   "incomplete" is the common failure on terse answers.
 - `endpoint_silence_s` 0.5: LiveKit's min_endpointing_delay; used when the transcript looks
   complete, or with no turn model.
-- `barge_in_min_speech_s` 0.3: a cough or click is shorter (LiveKit uses 0.5 s).
-- `false_interruption_s` 2.0: LiveKit's false-interruption timeout.
+- `barge_in_min_speech_s` 0.1: three 32 ms frames, as for an utterance's start. A pause costs
+  little when it proves false (the reply resumes at the sample it paused, nothing is lost), and
+  the bot must stop within 250 ms of the user's onset: Silero's onset lag plus 0.1 s plus the
+  clear's way to the far end. (It was 0.3 s when a barge-in cut the reply at once; LiveKit
+  pauses after 0.5 s.)
+- `false_interruption_s` 2.0: LiveKit's false-interruption timeout, which also starts when the
+  user stops speaking. Longer than `max_endpoint_s`: the utterance's end of turn and its final
+  transcript decide first.
+- `partial_words_to_interrupt` 2: on a fragment Whisper often guesses one word ("you", "I'm"; a
+  flite "Mm-hmm." over the bot was cancelled so once). The bot is silent meanwhile, so waiting
+  for the final costs nothing audible.
+- `backchannels` none: only non-lexical sounds (`NONLEXICAL`) let the bot go on; "yeah" or
+  "okay" over it interrupts it (Whisper wrote "MMHMM" for flite's "Mm-hmm.", "Mmh" mid-way).
 - `max_utterance_s` 25: Whisper decodes at most 30 s at once.
 - "combined" (opt-in): `text_weight` 3, `text_bias` 14, `combined_threshold` 0.5, `min_wait_s`
   0.1, chosen on `duplex bench turns` (82 complete, 151 incomplete utterances; a grid over
@@ -77,11 +96,28 @@ Defaults, and why:
 """
 from __future__ import annotations
 
+import re
 from collections import deque
 from dataclasses import dataclass, replace
 from enum import Enum
 
 from agent.endpointing import POLICIES, Features, combined_silence, smart_turn_silence
+
+
+# the sounds people make over a speaker to show they listen, and fillers, however a recognizer
+# spells them, case and hyphens aside: "Mm-hmm.", "MMHMM", "Mmh" (a partial's), "hmm", "uh-huh",
+# "um", "ah", "oh", "erm". None of them makes speech over the bot an interruption.
+NONLEXICAL = re.compile(r"[mh]+|(?:u+h+)+|u+m+|a+h+|o+h+|e+r+m*")
+
+
+def interrupting_words(text: str, backchannels: tuple[str, ...] = ()) -> int:
+    """The words of `text` that make speech over the bot an interruption: all but non-lexical
+    sounds (`NONLEXICAL`), the `backchannels` given (lowercase words), and a recognizer's sound
+    tags ("(coughs)", "[BLANK_AUDIO]")."""
+    text = re.sub(r"\([^)]*\)|\[[^\]]*\]|\*[^*]*\*", " ", text)
+    words = (re.sub(r"[^\w']", "", w).lower() for w in text.split())
+    return sum(1 for w in words
+               if any(ch.isalnum() for ch in w) and not NONLEXICAL.fullmatch(w) and w not in backchannels)
 
 
 class State(str, Enum):
@@ -104,8 +140,10 @@ class TurnConfig:
     eou_threshold: float = 0.5
     max_endpoint_s: float = 1.5
     endpoint_silence_s: float = 0.5
-    barge_in_min_speech_s: float = 0.3
-    false_interruption_s: float = 2.0
+    barge_in_min_speech_s: float = 0.1  # speech over the bot that pauses it
+    false_interruption_s: float = 2.0  # silence after speech over the bot with no words: it resumes
+    partial_words_to_interrupt: int = 2  # words of a partial that make speech over the bot an interruption
+    backchannels: tuple[str, ...] = ()  # words besides `NONLEXICAL` sounds that do not interrupt ("yeah", ...)
     max_utterance_s: float = 25.0
     preroll_s: float = 0.3  # audio before the detected speech start that the recognizer gets
     quiet_db: float | None = -35.0  # the early-decode hint (None: off), below the utterance's peak
@@ -152,16 +190,28 @@ class EndOfTurn:
 
 
 @dataclass(frozen=True)
-class BargeIn:
-    t: float  # cancel the reply in progress and flush its audio
+class PauseReply:
+    t: float  # the user speaks over the bot: hold the reply's audio now (nothing is lost yet)
+    t_speech_start: float  # stream time of that speech's first frame
+
+
+@dataclass(frozen=True)
+class CancelReply:
+    t: float  # words over the bot: a real interruption; cancel the paused reply
 
 
 @dataclass(frozen=True)
 class ResumeReply:
-    t: float  # the interruption was noise: drop the utterance, speak again from the interrupted clause
+    t: float  # the interruption was noise or a backchannel: play on from where the audio paused
 
 
-Command = StartUtterance | SpeechStopped | SpeechPaused | SpeechResumed | EndOfTurn | BargeIn | ResumeReply
+@dataclass(frozen=True)
+class DiscardTranscript:
+    t: float  # the utterance that ended was that false interruption: not a turn to answer
+
+
+Command = (StartUtterance | SpeechStopped | SpeechPaused | SpeechResumed | EndOfTurn | PauseReply | CancelReply
+           | ResumeReply | DiscardTranscript)
 
 
 class TurnMachine:
@@ -183,8 +233,9 @@ class TurnMachine:
         self._early_eou: float | None = None  # a verdict on this silence that came before the pause
         self._features = Features()  # what the policy knows of this silence (not "rules")
         self._resumable = False  # SpeechStopped sent in user_speaking: speech that goes on resumes
-        self._interrupted_at: float | None = None  # barge-in time while its words are unknown
-        self._words_since_barge_in = 0
+        self._interrupted_at: float | None = None  # the pause's time while the interruption's words are unknown
+        self._resume_to = State.BOT_SPEAKING  # the state a false interruption returns to
+        self._finals: deque[bool] = deque(maxlen=16)  # per ended turn awaiting its final: the interruption's own?
 
     @property
     def vad_silence_s(self) -> float:
@@ -267,12 +318,11 @@ class TurnMachine:
                 limit = c.endpoint_silence_s if short else c.max_endpoint_s
                 if self._silence_run >= limit:
                     out += self._end_turn(t, self._last_speech_end)
-        elif s in (State.THINKING, State.BOT_SPEAKING):
-            if self._speech_run >= c.barge_in_min_speech_s:
-                out.append(BargeIn(t))
-                self._interrupted_at = t
-                self._words_since_barge_in = 0
-                out.append(self._start_user(t, State.INTERRUPTED))
+        elif s in (State.THINKING, State.BOT_SPEAKING) and self._speech_run >= c.barge_in_min_speech_s:
+            if self._interrupted_at is None:  # else the reply is paused already (its final is due)
+                self._interrupted_at, self._resume_to = t, s
+                out.append(PauseReply(t, t - self._speech_run))
+            out.append(self._start_user(t, State.INTERRUPTED))
         return out
 
     def on_eou(self, t: float, probability: float, t_speech_end: float | None = None) -> list[Command]:
@@ -313,26 +363,27 @@ class TurnMachine:
             return self._end_turn(t, self._last_speech_end)
         return []
 
-    def on_words(self, t: float, n_words: int) -> list[Command]:
-        """Words were recognised in the user's current utterance (a partial or the final)."""
-        if self._interrupted_at is not None and n_words > 0:
-            self._words_since_barge_in += n_words
-            self._interrupted_at = None  # a real interruption: the old reply stays cancelled
-            if self.state == State.INTERRUPTED:
-                self._go(t, State.USER_SPEAKING)
-        return []
-
-    def on_final(self, t: float, n_words: int) -> list[Command]:
-        """The final transcript of the turn that just ended has `n_words` words."""
-        if n_words:
-            return self.on_words(t, n_words)
-        if self.state != State.THINKING:
+    def on_words(self, t: float, text: str) -> list[Command]:
+        """A partial transcript of the user's current utterance: enough words over the bot (not
+        backchannels) make the interruption real."""
+        c = self.config
+        if self._interrupted_at is None or interrupting_words(text, c.backchannels) < c.partial_words_to_interrupt:
             return []
-        if self._interrupted_at is not None:  # the "interruption" said nothing: resume
-            self._interrupted_at = None
-            self._go(t, State.BOT_SPEAKING)
-            return [ResumeReply(t)]
-        self._go(t, State.LISTENING)
+        return self._confirm_interruption(t)
+
+    def on_final(self, t: float, text: str) -> list[Command]:
+        """The final transcript of the turn that ended first of those awaiting theirs."""
+        own = self._finals.popleft() if self._finals else False  # that turn was the interruption's utterance
+        if own and self._interrupted_at is not None:
+            if interrupting_words(text, self.config.backchannels):
+                return self._confirm_interruption(t)
+            out: list[Command] = [DiscardTranscript(t)]
+            if self.state == State.THINKING:  # else the user speaks again: that utterance decides
+                out += self._resume(t)
+            return out
+        if (self.state == State.THINKING and self._interrupted_at is None
+                and not any(ch.isalnum() for ch in text)):
+            self._go(t, State.LISTENING)  # noise, with no reply to go back to
         return []
 
     def on_bot_initiated(self, t: float) -> bool:
@@ -344,12 +395,18 @@ class TurnMachine:
         return True
 
     def on_reply_started(self, t: float) -> None:
-        """The first reply audio went out."""
-        if self.state == State.THINKING:
+        """The first reply audio went out (or, paused, waits to)."""
+        if self._interrupted_at is not None:
+            self._resume_to = State.BOT_SPEAKING
+        elif self.state == State.THINKING:
             self._go(t, State.BOT_SPEAKING)
 
     def on_reply_finished(self, t: float) -> None:
-        """The reply was fully played."""
+        """The reply was fully played, or it failed: a paused one has nothing left to resume."""
+        if self._interrupted_at is not None:
+            self._interrupted_at = None
+            if self.state == State.INTERRUPTED:
+                self._go(t, State.USER_SPEAKING)  # the speech over it is an utterance like any other
         if self.state in (State.THINKING, State.BOT_SPEAKING):
             self._go(t, State.LISTENING)
 
@@ -398,13 +455,24 @@ class TurnMachine:
                 and level < self._peak_level * 10.0 ** (c.quiet_db / 20.0))
 
     def _check_false_interruption(self, t: float) -> list[Command]:
-        """No words within `false_interruption_s` of a barge-in: drop the utterance, resume."""
-        if self._interrupted_at is not None and t - self._interrupted_at >= self.config.false_interruption_s:
-            self._interrupted_at = None
+        """`false_interruption_s` of silence after the speech over the bot, with no words and
+        no end of turn yet: drop the utterance, resume."""
+        if (self._interrupted_at is not None and not self.in_speech
+                and self._silence_run >= self.config.false_interruption_s):
             self._paused = False
-            self._go(t, State.BOT_SPEAKING)
-            return [ResumeReply(t)]
+            return self._resume(t)
         return []
+
+    def _resume(self, t: float) -> list[Command]:
+        self._interrupted_at = None
+        self._go(t, self._resume_to)
+        return [ResumeReply(t)]
+
+    def _confirm_interruption(self, t: float) -> list[Command]:
+        self._interrupted_at = None
+        if self.state == State.INTERRUPTED:
+            self._go(t, State.USER_SPEAKING)
+        return [CancelReply(t)]
 
     def _end_turn(self, t: float, t_speech_end: float) -> list[Command]:
         self._speech_run = 0.0  # speech that goes on after a forced end must build up anew
@@ -413,6 +481,7 @@ class TurnMachine:
         self._resumable = False
         self._text_complete = False
         self._features = Features()
+        self._finals.append(self._interrupted_at is not None)
         self._go(t, State.THINKING)
         return [EndOfTurn(t_speech_end)]
 

@@ -4,7 +4,9 @@ Modes:
 - default: N concurrent clients stream audio over the moshi protocol, at real-time pace or
   k x real time (`--speed`), to `--url` or to an in-process server (tiny random model unless
   `--model`). Reports RTF, WER/CER against `--refs`, first-word and per-word latency
-  percentiles, and RSS (plus torch.cuda memory in-process on CUDA) over time.
+  percentiles, and RSS (plus torch.cuda memory in-process on CUDA) over time. With
+  `--price-per-hour` (the device's price), the cost per stream-hour: the price over the
+  streams held at real time, beside the seed figures (Kyutai ~1.5 c, a commercial API ~15 c).
 - `--engine-throughput`: tiny random engine on this machine, B = 1, 4, 16: step time and
   throughput (streams x frames / s) batched versus B sequential single-stream runs. Each pool
   times its Mimi convs' paths first, as `asr-serve` does (`--no-tune-convs`: oneDNN for all).
@@ -50,6 +52,27 @@ def cuda_mib() -> str:
 
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
+
+
+# ---- cost per stream-hour ---------------------------------------------------------------------
+MAX_LAG_S = 2.0  # a stream's last words this long after its audio ended, at most: it kept up with its caller
+# the issue's seed comparison: Kyutai's server at ~400 streams per H100 (~$6/h), a commercial API
+SEED_COSTS = "seed: Kyutai ~400 streams/H100 ~1.5 c/stream-hour; commercial streaming API ~15 c"
+
+
+def cents_per_stream_hour(price_per_hour: float, streams: int) -> float:
+    """What one stream-hour costs on a device rented at `price_per_hour` ($) that serves `streams`
+    at real time: the price shared by the streams, in cents."""
+    if streams < 1:
+        raise ValueError("no stream held at real time: no cost per stream")
+    return 100.0 * price_per_hour / streams
+
+
+def cost_line(price_per_hour: float, streams: int, held: bool, why: str) -> str:
+    if not held:
+        return f"cost: none computed at ${price_per_hour:g}/h: {why}"
+    return (f"cost: ${price_per_hour:g}/h / {streams} streams at real time = "
+            f"{cents_per_stream_hour(price_per_hour, streams):.2f} c/stream-hour ({SEED_COSTS})")
 
 
 # ---- load client ---------------------------------------------------------------------------
@@ -189,6 +212,14 @@ async def load_test(args) -> int:
               f"p90={pct(wl, 90):.3f} p99={pct(wl, 99):.3f} (n={len(wl)})")
         print(f"end-of-word latency s (EndWord arrival - word end in audio): p50={pct(el, 50):.3f} "
               f"p90={pct(el, 90):.3f} p99={pct(el, 99):.3f} (n={len(el)})")
+        lag = max(r.wall_s - r.audio_s for r in ok)  # the flush's answer after the audio's end
+        print(f"lag after the audio's end (all words in): max={lag:.3f} s")
+        if args.price_per_hour is not None:
+            held = args.speed == 1.0 and not errors and lag <= args.max_lag
+            why = ("run at --speed 1 to measure streams at real time" if args.speed != 1.0 else
+                   f"{len(errors)} of {args.clients} streams failed" if errors else
+                   f"the server fell behind (lag {lag:.3f} s > --max-lag {args.max_lag:g}): try fewer --clients")
+            print(cost_line(args.price_per_hour, len(ok), held, why))
         if refs:
             from asr.wer import cer, wer
 
@@ -471,6 +502,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delay-frames", type=int, default=31, help="remote server's ASR delay, for flushing")
     p.add_argument("--server-pid", type=int, default=None, help="remote server pid on this host, for RSS")
     p.add_argument("--sample-every", type=float, default=1.0)
+    p.add_argument("--price-per-hour", type=float, default=None, metavar="DOLLARS",
+                   help="what the recognizer's device costs an hour: also print the cost per stream-hour "
+                        "(the price shared by --clients streams, if all held real time: see --max-lag)")
+    p.add_argument("--max-lag", type=float, default=MAX_LAG_S, metavar="S",
+                   help="--price-per-hour: a stream held real time if its last words came within S seconds "
+                        f"of its audio's end (default {MAX_LAG_S:g}; use audio of a minute or so, so that a "
+                        "server falling behind shows)")
     p.add_argument("--engine-throughput", action="store_true")
     p.add_argument("--sizes", type=int, nargs="*", default=[1, 4, 16], help="--engine-throughput, --scheduler: N")
     p.add_argument("--steps", type=int, default=300)
@@ -493,6 +531,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flood-speed", type=float, default=10.0,
                    help="x real time for --memory's client; 0 = as fast as the server reads (backpressure)")
     args = p.parse_args(argv)
+    if args.price_per_hour is not None:
+        if args.engine_throughput or args.memory or args.scheduler:
+            p.error("--price-per-hour prices the streams of the load client (no --engine-throughput, "
+                    "--memory or --scheduler)")
+        if args.price_per_hour <= 0:
+            p.error(f"--price-per-hour must be above 0, not {args.price_per_hour:g}")
     if args.engine_throughput:
         return engine_throughput(args.sizes, args.steps, args.threads, args.hidden, args.layers, args.compile,
                              args.tune_convs)

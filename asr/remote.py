@@ -290,6 +290,7 @@ class RemoteRecognizer:
                 replicas, reasons = await self.replicas()
                 link = await self._connect_any(self._order(replicas, last), reasons)
                 self.stats.reconnects += 1
+                log.warning("recognizer stream moved from %s to %s", last.label if last else "?", link.replica.label)
                 return link
             except RecognizerUnavailable as e:
                 left = deadline - time.monotonic()

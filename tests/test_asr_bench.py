@@ -56,3 +56,20 @@ def test_scheduler_mode_prints_a_row_per_conversation_count(capsys):
     assert 0 < p50 <= p99 and rtf > 0 and 0 < lat50 <= lat99
     ticks, *_, per_step, all_n, rtf, _, _ = rows[2]
     assert ticks >= frames + 4 and 1.5 < per_step <= 2.0 and 0.0 <= all_n <= 1.0 and rtf > 0
+
+
+def test_price_per_hour_prints_the_cost_per_stream_hour_of_the_streams_held(capsys):
+    """`--price-per-hour`: the device's price shared by the streams that held real time, in
+    cents per stream-hour; a run that fell behind gets no figure, and says why."""
+    from asr.loadbench import MAX_LAG_S, cents_per_stream_hour
+
+    assert cents_per_stream_hour(6.0, 400) == pytest.approx(1.5)  # the seed: Kyutai on an H100
+    assert main(["--clients", "2", "--seconds", "1.6", "--price-per-hour", "0.10", "--no-tune-convs"]) == 0
+    out = capsys.readouterr().out
+    lag = float(re.search(r"lag after the audio's end \(all words in\): max=([\d.]+) s", out).group(1))
+    cost = re.search(r"^cost: .*$", out, re.MULTILINE).group(0)
+    if lag <= MAX_LAG_S:
+        assert cost.startswith("cost: $0.1/h / 2 streams at real time = 5.00 c/stream-hour"), cost
+        assert "Kyutai ~400 streams/H100 ~1.5 c" in cost and "~15 c" in cost
+    else:  # this machine was too busy to hold even two: no figure, and the reason
+        assert "none computed" in cost and "fell behind" in cost, cost

@@ -1,12 +1,12 @@
-"""The history, pure: what was heard of a reply, the context, cut and resume."""
-from agent.history import Heard, History, cut_reply
+"""The history, pure: what was heard of a reply, and the context."""
+from agent.history import Heard, History
 
 
 def story() -> Heard:
     h = Heard()
-    h.sent(0, 0.0, "Once upon", clause="Once upon a time,")
+    h.sent(0, 0.0, "Once upon")
     h.sent(1, 0.1, "a time,")
-    h.sent(2, 0.2, "there was", clause="there was a fox.")
+    h.sent(2, 0.2, "there was")
     h.sent(3, 0.3, "a fox.")
     return h
 
@@ -20,13 +20,19 @@ def test_heard_text_is_the_played_pieces_by_marks_or_by_time():
     assert h.text(set()) == ""
 
 
-def test_a_cut_reply_resumes_from_the_clause_that_was_playing():
+def test_pieces_a_clear_dropped_were_not_heard_and_their_resend_counts_once():
     h = story()
-    cut = cut_reply(3, "tell me a story", "Once upon a time, there was a fox.", h, {0, 1, 2})
-    assert cut.heard == "Once upon a time, there was"
-    assert cut.heard_before_clause == "Once upon a time,"
-    assert cut.rest == "there was a fox."
-    assert cut_reply(3, "x", "", Heard(), set()) is None
+    h.played(0)
+    h.played(1)
+    h.played(2)  # a mark that came in just before the clear
+    h.dropped({2, 3})  # a resume sends them again under new ids
+    assert h.text(h.played_ids) == "Once upon a time,"
+    assert h.text(h.played_by_time(0.35)) == "Once upon a time,"
+    h.sent(7, 0.2, "there was")
+    h.sent(8, 0.3, "a fox.")
+    h.played(7)
+    assert h.text(h.played_ids) == "Once upon a time, there was"
+    assert h.text({cid for cid, _, _ in h.pieces}) == "Once upon a time, there was a fox."
 
 
 def test_history_cuts_back_to_half_and_never_starts_with_an_answer():
@@ -40,13 +46,3 @@ def test_history_cuts_back_to_half_and_never_starts_with_an_answer():
     assert hist.messages[-1] == {"role": "assistant", "content": "hello"}
     assert hist.prompt("sys", "q")[0] == {"role": "system", "content": "sys"}
     assert hist.prompt("sys", "q")[-1] == {"role": "user", "content": "q"}
-
-
-def test_forget_cut_drops_the_truncated_exchange_only():
-    hist = History()
-    hist.remember("hi", "hello")
-    h = story()
-    cut = cut_reply(1, "tell me a story", "Once upon a time, there was a fox.", h, {0})
-    hist.remember(cut.user_text, cut.heard)
-    hist.forget_cut(cut)
-    assert hist.messages == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]

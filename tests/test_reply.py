@@ -1,8 +1,10 @@
-"""One Reply on test doubles: cancelled within a token, held at its gate, waterfall in order."""
+"""One Reply on test doubles: cancelled within a token, held at its gate, waterfall in order, paused and resumed."""
 from __future__ import annotations
 
 import asyncio
 import itertools
+
+import numpy as np
 
 from agent.records import TurnRecord
 from agent.reply import Reply, ReplyConfig
@@ -93,9 +95,9 @@ async def test_waterfall_runs_the_stages_one_after_another():
 
 async def test_a_fixed_text_reply_speaks_it_without_the_llm():
     llm = ScriptedLLM("never")
-    reply, far, hooks = make(llm, fixed_text="Hello there, welcome.", spoken_prefix="Earlier words")
+    reply, far, hooks = make(llm, fixed_text="Hello there, welcome.")
     await asyncio.wait_for(reply.start().task, 10)
-    assert llm.requests == [] and reply.spoken == "Earlier words Hello there, welcome."
+    assert llm.requests == [] and reply.spoken == "Hello there, welcome."
 
 
 async def test_a_failing_model_is_reported_not_raised():
@@ -107,3 +109,24 @@ async def test_a_failing_model_is_reported_not_raised():
     reply, far, hooks = make(Broken())
     await asyncio.wait_for(reply.start().task, 10)
     assert [str(e) for e in hooks.failed] == ["LLM server gone"]
+
+
+async def test_a_paused_reply_sends_nothing_then_resumes_at_the_sample_it_stopped():
+    text = "Once upon a time there was a small fox who lived in a quiet wood by the river."
+    reply, far, hooks = make(ScriptedLLM(text))
+    reply.start()
+    assert await await_until(lambda: len(far.audio) >= 6, timeout=5)
+    assert await reply.pause()
+    sent, at = len(far.audio), reply.playout.clock()
+    heard = reply.playout.heard_text()
+    assert heard and text.startswith(heard), "what was heard at the pause is the reply's first words"
+    await asyncio.sleep(0.2)  # two pieces' time: none may go out, the LLM is not read
+    assert len(far.audio) == sent and reply.playout.clock() == at and hooks.finished == 0
+    assert reply.resume() == at  # a far end without marks: where its clock stopped
+    await asyncio.wait_for(reply.task, 10)
+    before = np.concatenate([c.pcm for c in far.audio[:sent]])
+    after = np.concatenate([c.pcm for c in far.audio[sent:]])
+    k = round(at * 16000)
+    assert k < before.size and k + after.size == round(reply.record.tts_samples * 16000), "no sample lost or repeated"
+    assert np.array_equal(after[:before.size - k], before[k:]), "it went on from the paused sample"
+    assert hooks.finished == 1 and reply.spoken == text

@@ -1,7 +1,7 @@
 """The turn state machine, driven by synthetic VAD frames and model verdicts (no models).
 Each test asserts the exact transitions and the commands emitted."""
 from agent.turns import (
-    BargeIn, EndOfTurn, ResumeReply, SpeechPaused, SpeechResumed, SpeechStopped, StartUtterance, State, TurnConfig, TurnMachine)
+    CancelReply, DiscardTranscript, EndOfTurn, PauseReply, ResumeReply, SpeechPaused, SpeechResumed, SpeechStopped, StartUtterance, State, TurnConfig, TurnMachine)
 
 F = 0.032
 L, U, P, T, B, I = (State.LISTENING, State.USER_SPEAKING, State.ENDPOINT_PENDING, State.THINKING,
@@ -82,28 +82,30 @@ def test_without_a_turn_model_silence_alone_ends_the_turn():
 def test_barge_in_during_bot_speech_needs_min_speech_then_words_make_it_real():
     d = Driver().frames("#" * 20 + "." * 8).eou(0.9)
     d.m.on_reply_started(d.t)
-    d.frames("#" * 5 + "." * 5)  # 160 ms: a cough
+    d.frames("#" * 3 + "." * 5)  # 96 ms: a click
     assert d.m.state == B and d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
     d.frames("#" * 10)
-    assert d.kinds()[4:] == [BargeIn, StartUtterance]
+    assert d.kinds()[4:] == [PauseReply, StartUtterance]
     assert d.m.state == I
-    d.log += d.m.on_words(d.t, 3)  # the recognizer heard words: a real interruption
-    assert d.m.state == U
+    d.log += d.m.on_words(d.t, "stop that")  # the recognizer heard words: a real interruption
+    assert d.kinds()[-1] == CancelReply and d.m.state == U
     d.frames("#" * 80)  # well past the false-interruption timeout: no resume
     assert ResumeReply not in d.kinds()
     assert d.states() == [U, P, T, B, I, U]
 
 
 def test_false_interruption_resumes_after_the_timeout():
-    d = Driver(false_interruption_s=2.0).frames("#" * 20 + "." * 8).eou(0.9)
+    # a timeout shorter than the end of turn's wait (1.5 s), so that it decides, not the final
+    d = Driver(false_interruption_s=1.0).frames("#" * 20 + "." * 8).eou(0.9)
     d.m.on_reply_started(d.t)
     d.frames("#" * 12)  # noise that VAD takes for speech
-    assert d.kinds()[-2:] == [BargeIn, StartUtterance]
-    barge_t = d.t
-    d.frames("#" * 20 + "." * 50)  # no words recognised...
+    assert d.kinds()[-2:] == [PauseReply, StartUtterance]
+    d.frames("#" * 20)
+    speech_end = d.t
+    d.frames("." * 50)  # no words recognised...
     assert ResumeReply in d.kinds()
     resume = next(c for c in d.log if isinstance(c, ResumeReply))
-    assert abs(resume.t - barge_t - 2.0) < 2 * F
+    assert abs(resume.t - speech_end - 1.0) < 2 * F  # counted from the end of the speech
     assert d.m.state == B
     assert d.states() == [U, P, T, B, I, P, B]
 
@@ -111,15 +113,16 @@ def test_false_interruption_resumes_after_the_timeout():
 def test_false_interruption_resumes_when_the_utterance_has_no_words():
     d = Driver().frames("#" * 20 + "." * 8).eou(0.9)
     d.m.on_reply_started(d.t)
+    d.log += d.m.on_final(d.t, "what is it")  # the first turn's words
     d.frames("#" * 12 + "." * 8).eou(0.9)  # a short noise, then the turn ends
     assert d.kinds()[-4:] == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
-    d.log += d.m.on_final(d.t, 0)
-    assert d.kinds()[-1] == ResumeReply and d.m.state == B
+    d.log += d.m.on_final(d.t, "")
+    assert d.kinds()[-2:] == [DiscardTranscript, ResumeReply] and d.m.state == B
 
 
 def test_empty_transcript_without_interruption_returns_to_listening():
     d = Driver().frames("#" * 20 + "." * 8).eou(0.9)
-    d.log += d.m.on_final(d.t, 0)
+    d.log += d.m.on_final(d.t, "")
     assert d.m.state == L and ResumeReply not in d.kinds()
 
 
@@ -134,7 +137,7 @@ def test_rapid_successive_turns():
     assert d.states() == [U, P, T, B, L] * 3
     # the user talking while the bot is still thinking barges in too
     d.frames("#" * 12 + "." * 7).eou(0.9).frames("#" * 10)
-    assert d.kinds()[-2:] == [BargeIn, StartUtterance] and d.m.state == I
+    assert d.kinds()[-2:] == [PauseReply, StartUtterance] and d.m.state == I
 
 
 def test_short_blip_is_not_speech():
@@ -146,7 +149,7 @@ def test_max_utterance_forces_endpoint_once():
     d = Driver(max_utterance_s=1.0).frames("#" * 35)
     assert d.kinds() == [StartUtterance, EndOfTurn] and d.m.state == T
     d.frames("#" * 20)  # the user keeps talking: one interruption, a new utterance
-    assert d.kinds() == [StartUtterance, EndOfTurn, BargeIn, StartUtterance]
+    assert d.kinds() == [StartUtterance, EndOfTurn, PauseReply, StartUtterance]
 
 
 def test_a_complete_sentence_ends_the_turn_after_the_short_silence():
@@ -296,10 +299,10 @@ def test_a_greeting_is_a_reply_the_user_can_talk_over():
     d = Driver().frames("...")
     assert d.m.on_bot_initiated(d.t) and d.m.state == T
     d.m.on_reply_started(d.t)
-    d.frames("#" * 5)  # short: the greeting goes on
+    d.frames("#" * 3 + ".")  # a click: the greeting goes on
     assert d.m.state == B and d.kinds() == []
     d.frames("#" * 5)
-    assert d.kinds() == [BargeIn, StartUtterance] and d.m.state == I
+    assert d.kinds() == [PauseReply, StartUtterance] and d.m.state == I
     assert d.states() == [T, B, I]
 
 

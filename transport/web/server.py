@@ -21,6 +21,7 @@ from transport.base import AudioIn, AudioOut, ClientEvent, InputEvent, Played, T
 from transport.events import SessionEvent
 from transport.websocket_io import abnormal_close, recv_or_none, send_all
 from transport.web.access import BrowserAccess
+from transport.web.request_body import BodyConnection
 from transport.web.protocol import (
     ClientAudio, ProtocolError, decode_client, encode_audio, encode_event, error_event)
 
@@ -108,6 +109,9 @@ TransportFactory = Callable[[ServerConnection], Transport]
 HttpRoute = Callable[[], tuple[int, dict[str, str], bytes]]
 # who may open a route: the upgrade request -> None to let it through, or (status, reason) to refuse
 Guard = Callable[[Request], tuple[HTTPStatus, str] | None]
+# a POST answered by the caller's code (e.g. /webrtc/offer): (request, its body) -> (status,
+# headers, body); guarded by `access` and refused with 503 while `admission` refuses, as /ws
+PostRoute = Callable[[Request, bytes], Awaitable[tuple[int, dict[str, str], bytes]]]
 
 
 def _text(status: HTTPStatus, text: str) -> Response:
@@ -136,22 +140,50 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
                      routes: dict[str, TransportFactory] | None = None,
                      http_routes: dict[str, HttpRoute] | None = None,
                      access: BrowserAccess | None = None, guards: dict[str, Guard] | None = None,
-                     busy: Handler | None = None, ssl: SSLContext | None = None) -> None:
+                     busy: Handler | None = None, ssl: SSLContext | None = None,
+                     post_routes: dict[str, PostRoute] | None = None) -> None:
     """Serve until cancelled. `handler(transport)` runs one conversation per WebSocket: the
     browser's at /ws, and one more transport per path in `routes` (a phone media stream, say).
     `admission` (default: 16 at once) refuses conversations beyond it with 503 before the
     upgrade; `access` guards /ws (token, Origin), `guards` the other routes (a carrier's
     signature); `http_routes` answer more GET paths. `busy(transport)` tells a refused phone
-    call why (it is let in to hear it) before it is closed. `ssl`: serve HTTPS and WSS."""
+    call why (it is let in to hear it) before it is closed. `ssl`: serve HTTPS and WSS.
+    `post_routes`: POST paths with a bounded body (transport/web/request_body.py), e.g. the
+    WebRTC offer, behind the same `access` and `admission` as /ws."""
     admission = admission or Admission()
     access = access or BrowserAccess()
     guards = {"/ws": access.refusal, **(guards or {})}
     factories: dict[str, TransportFactory] = {"/ws": lambda ws: WebSocketTransport(ws, output_sample_rate),
                                               **(routes or {})}
     http_routes = http_routes or {}
+    post_routes = post_routes or {}
 
-    def process_request(connection: ServerConnection, request: Request):
+    async def process_post(connection: BodyConnection, request: Request, path: str) -> Response:
+        if path not in post_routes or request.method != "POST":
+            return _text(HTTPStatus.METHOD_NOT_ALLOWED, f"{request.method[:16]} is not served at {path}\n")
+        refusal = access.refusal(request)
+        if refusal is None:
+            refusal = connection.splitter.body_error
+        if refusal is None and (reason := admission.refuse()) is not None:
+            log.info("refused a conversation at %s: %s", path, reason)
+            refusal = HTTPStatus.SERVICE_UNAVAILABLE, f"not now: {reason}\n"
+        if refusal is not None:
+            log.warning("refused %s %s from %s: %s", request.method, path, connection.remote_address,
+                        refusal[1].strip())
+            response = _text(*refusal)
+            if refusal[0] == HTTPStatus.UNAUTHORIZED:
+                response.headers["WWW-Authenticate"] = "Bearer"
+            return response
+        status, headers, body = await post_routes[path](request, connection.splitter.body or b"")
+        return Response(status, HTTPStatus(status).phrase, Headers(
+            [*headers.items(), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]), body)
+
+    async def process_request(connection: BodyConnection, request: Request):
         path = _path(request)
+        if request.method != "GET":
+            return await process_post(connection, request, path)
+        if path in post_routes:
+            return _text(HTTPStatus.METHOD_NOT_ALLOWED, f"{path} takes a POST\n")
         if path in factories:
             guard = guards.get(path)
             refusal = guard(request) if guard is not None else None
@@ -192,7 +224,7 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
             admission.leave()
 
     async with serve(on_ws, host, port, process_request=process_request, max_size=1 << 20,
-                     max_queue=64, ssl=ssl) as server:
+                     max_queue=64, ssl=ssl, create_connection=BodyConnection) as server:
         bound = [s.getsockname() for s in server.sockets]
         scheme = "https" if ssl is not None else "http"
         log.info("duplex serving on %s://%s:%s/", scheme, *bound[0][:2])

@@ -1,4 +1,9 @@
-// duplex page: mic worklet -> WebSocket -> server; server audio -> flushable player worklet.
+// duplex page. Two transports, the same JSON events:
+//  - WebRTC (default): the mic as an Opus track, the reply as an Opus track played by an <audio>
+//    element (the output the browser's echo canceller covers; Web Audio output it does not),
+//    events on a data channel;
+//  - WebSocket (?transport=ws, and when WebRTC fails): mic worklet -> PCM frames -> server;
+//    server PCM -> flushable player worklet.
 // window.duplexLog records every event, for people reading the console and for tests.
 "use strict";
 const $ = (id) => document.getElementById(id);
@@ -6,6 +11,10 @@ const params = new URLSearchParams(location.search);
 const LOG_MAX = 5000;  // window.duplexLog keeps the most recent events only (sessions last hours)
 const log = (window.duplexLog = []);
 let ws, micCtx, playCtx, player, clockOffset = 0, bestRtt = Infinity;
+let pc, dc, replyAudio, replyStream;  // WebRTC
+let transportName = "";
+const pendingPlays = new Map();  // WebRTC: chunk id -> timer of its estimated playout start
+let playoutDelayMs = 60;         // WebRTC: jitter buffer delay, from getStats (a start value)
 const turns = {};          // turn -> {speechEnd (server ms), heard (ms)}
 let currentTurn = -1, botLine = null;
 // capture time (page clock) of each 20 ms mic frame sent, by frame index: maps the server's
@@ -21,12 +30,41 @@ function record(ev) {
 }
 function line(cls, text) { const p = document.createElement("p"); p.className = cls; p.textContent = text; $("log").appendChild(p); return p; }
 
+// a server started with --auth-token is opened as /?token=TOKEN: pass the token on
+const token = params.get("token");
+const tokenQuery = token ? "?token=" + encodeURIComponent(token) : "";
+
+function canSend() { return transportName === "webrtc" ? dc && dc.readyState === "open" : ws && ws.readyState === 1; }
+function sendJSON(obj) { if (canSend()) (transportName === "webrtc" ? dc : ws).send(JSON.stringify(obj)); }
+function showTransport(name, why) {
+  transportName = name;
+  $("transport").textContent = name === "webrtc" ? "WebRTC (Opus)" : "WebSocket (PCM)";
+  record({ type: "transport", name, why });
+}
+function refusedText(why) {
+  $("state").textContent = why ? "the agent cannot talk now: " + why.replace(/^not ready: /, "") : "could not connect";
+  record({ type: "refused", reason: why });
+  $("start").disabled = false;
+}
+
 async function start() {
   $("start").disabled = true;
-  // a server started with --auth-token is opened as /?token=TOKEN: pass the token on to /ws
-  const token = new URLSearchParams(location.search).get("token");
-  const url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws" +
-    (token ? "?token=" + encodeURIComponent(token) : "");
+  if (params.get("transport") !== "ws" && window.RTCPeerConnection) {
+    try {
+      await startWebRTC();
+      return;
+    } catch (e) {
+      closeWebRTC();
+      if (e.refused) { refusedText(e.message); return; }  // full or not allowed: so would /ws be
+      record({ type: "webrtc_failed", reason: String(e.message || e) });
+      return startWebSocket("WebRTC failed: " + (e.message || e));
+    }
+  }
+  return startWebSocket(params.get("transport") === "ws" ? "?transport=ws" : "no WebRTC in this browser");
+}
+
+async function startWebSocket(why) {
+  const url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws" + tokenQuery;
   ws = new WebSocket(url);
   ws.binaryType = "arraybuffer";
   try {
@@ -34,12 +72,10 @@ async function start() {
   } catch (e) {
     // a browser hides why an upgrade was refused; /readyz says it (full, busy, draining)
     const why = await fetch("/readyz").then((r) => (r.ok ? "" : r.text())).catch(() => "");
-    $("state").textContent = why ? "the agent cannot talk now: " + why.replace(/^not ready: /, "")
-                                 : "could not connect";
-    record({ type: "refused", reason: why });
-    $("start").disabled = false;
+    refusedText(why);
     return;
   }
+  showTransport("ws", why);
   ws.onmessage = onMessage;
   ws.onclose = () => { $("state").textContent = "disconnected"; record({ type: "closed" }); };
   const ready = new Promise((ok) => (window._ready = ok));
@@ -68,7 +104,7 @@ async function start() {
   micLatencyMs = 1000 * (stream.getAudioTracks()[0].getSettings().latency || 0);
   outLatencyMs = 1000 * ((playCtx.outputLatency || 0) + (playCtx.baseLatency || 0));
   mic.port.onmessage = (e) => {
-    if (e.data.type === "frame" && ws.readyState === 1) {
+    if (e.data.type === "frame" && canSend()) {
       frameTimes[framesSent % FRAME_RING] = performance.now();
       framesSent++;
       ws.send(e.data.pcm);
@@ -80,22 +116,130 @@ async function start() {
   $("state").textContent = "listening";
 }
 
-function ping() { if (ws.readyState === 1) ws.send(JSON.stringify({ type: "ping", t: performance.now() })); }
+// WebRTC: the mic track goes out, the reply track plays in an <audio> element, events go on a
+// data channel. Throws (the caller falls back to the WebSocket) unless it is up within 10 s.
+async function startWebRTC() {
+  const processing = params.get("aec") !== "0";
+  const stream = await navigator.mediaDevices.getUserMedia({ audio: {
+    channelCount: 1, echoCancellation: processing, noiseSuppression: processing, autoGainControl: processing } });
+  record({ type: "mic_started" });
+  micLatencyMs = 1000 * (stream.getAudioTracks()[0].getSettings().latency || 0);
+  pc = new RTCPeerConnection({ iceServers: [] });  // host candidates: a LAN or this machine
+  dc = pc.createDataChannel("events");
+  for (const track of stream.getAudioTracks()) pc.addTrack(track, stream);
+  replyAudio = $("reply");
+  pc.ontrack = (e) => {
+    replyStream = e.streams[0] || new MediaStream([e.track]);
+    replyAudio.srcObject = replyStream;
+    replyAudio.play().catch((err) => record({ type: "autoplay_blocked", reason: String(err) }));
+  };
+  pc.onconnectionstatechange = () => {
+    record({ type: "webrtc_state", state: pc.connectionState });
+    if (pc.connectionState === "failed" || pc.connectionState === "closed") $("state").textContent = "disconnected";
+  };
+  await pc.setLocalDescription(await pc.createOffer());
+  await new Promise((ok) => {  // no trickle ICE: the offer carries our candidates
+    if (pc.iceGatheringState === "complete") return ok();
+    const t = setTimeout(ok, 3000);
+    pc.onicegatheringstatechange = () => { if (pc.iceGatheringState === "complete") { clearTimeout(t); ok(); } };
+  });
+  const r = await fetch("/webrtc/offer" + tokenQuery, { method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ sdp: pc.localDescription.sdp, type: "offer" }) });
+  if (!r.ok) {
+    const body = await r.text();
+    let why = body; try { why = JSON.parse(body).error || body; } catch (_) { /* plain text */ }
+    const err = new Error(why);
+    err.refused = [401, 403, 503].includes(r.status);
+    throw err;
+  }
+  await pc.setRemoteDescription(await r.json());
+  await new Promise((ok, bad) => {
+    const t = setTimeout(() => bad(new Error("no WebRTC connection within 10 s")), 10000);
+    dc.onopen = () => { clearTimeout(t); ok(); };
+    pc.addEventListener("connectionstatechange", () => {
+      if (pc.connectionState === "failed") { clearTimeout(t); bad(new Error("ICE failed")); }
+    });
+  });
+  showTransport("webrtc", params.get("transport") === "webrtc" ? "?transport=webrtc" : "default");
+  dc.onmessage = (e) => onMessage({ data: e.data });
+  dc.onclose = () => { $("state").textContent = "disconnected"; record({ type: "closed" }); };
+  const ready = new Promise((ok) => (window._ready = ok));
+  dc.send(JSON.stringify({ type: "hello", played_marks: "page" }));  // we report what plays
+  await ready;
+  setInterval(ping, 2000); ping();
+  setInterval(measurePlayoutDelay, 1000);
+  $("state").textContent = "listening";
+}
+
+function closeWebRTC() {
+  if (pc) {
+    for (const sender of pc.getSenders()) if (sender.track) sender.track.stop();  // the mic, too
+    pc.close();
+  }
+  pc = dc = undefined;
+}
+
+// How long a frame waits in the receiver before it plays: the jitter buffer's recent average
+// (getStats), plus half the round trip. Played marks are the server's RTP handoff time plus this.
+let lastJitter = null;
+async function measurePlayoutDelay() {
+  if (!pc) return;
+  const stats = await pc.getStats();
+  stats.forEach((s) => {
+    if (s.type !== "inbound-rtp" || s.kind !== "audio" || !s.jitterBufferEmittedCount) return;
+    if (lastJitter && s.jitterBufferEmittedCount > lastJitter.n) {
+      const jb = (s.jitterBufferDelay - lastJitter.d) / (s.jitterBufferEmittedCount - lastJitter.n);
+      playoutDelayMs = 1000 * jb + (isFinite(bestRtt) ? bestRtt / 2 : 0);
+    }
+    lastJitter = { d: s.jitterBufferDelay, n: s.jitterBufferEmittedCount };
+  });
+}
+
+// a reply piece handed to RTP on the server ({type: "audio", id, event, server_ms}): its
+// estimated playout on the page clock, reported back as a played mark when that time comes
+function scheduleStarted(m) {
+  if (m.event !== "start") return;
+  const at = m.server_ms - clockOffset + playoutDelayMs;
+  pendingPlays.set(m.id, setTimeout(() => { pendingPlays.delete(m.id); started(m.id, at); },
+                                    Math.max(0, at - performance.now())));
+}
+
+// barge-in over WebRTC: the server has stopped feeding the track; drop what the element and
+// its jitter buffer still hold (paused and muted while it plays out, then listening again)
+function flushReplyAudio() {
+  for (const t of pendingPlays.values()) clearTimeout(t);
+  pendingPlays.clear();
+  if (replyAudio) {
+    replyAudio.pause();
+    replyAudio.muted = true;
+    replyAudio.srcObject = null;
+    setTimeout(() => {
+      replyAudio.srcObject = replyStream;
+      replyAudio.muted = false;
+      replyAudio.play().catch(() => {});
+    }, playoutDelayMs + 60);
+  }
+  record({ type: "player_cleared" });
+}
+
+function ping() { sendJSON({ type: "ping", t: performance.now() }); }
+
+function started(id, now) {
+  record({ type: "player_started", id });
+  sendJSON({ type: "played", id, event: "start", t: now, server_ms: now + clockOffset });
+  const t = turns[currentTurn];
+  if (t && t.heard === undefined && t.captureEnd !== undefined) {
+    t.heard = now + outLatencyMs - t.captureEnd;  // mouth to ear, all on the page clock
+    record({ type: "heard_latency", turn: currentTurn, ms: t.heard });
+    sendJSON({ type: "metrics", turn: currentTurn, mouth_to_ear_ms: t.heard });
+    renderLatency(currentTurn);
+  }
+}
 
 function onPlayer(e) {
   const m = e.data;
-  record({ type: "player_" + m.type, id: m.id });
-  if (m.type === "started") {
-    const now = performance.now();
-    ws.send(JSON.stringify({ type: "played", id: m.id, event: "start", t: now, server_ms: now + clockOffset }));
-    const t = turns[currentTurn];
-    if (t && t.heard === undefined && t.captureEnd !== undefined) {
-      t.heard = now + outLatencyMs - t.captureEnd;  // mouth to ear, all on the page clock
-      record({ type: "heard_latency", turn: currentTurn, ms: t.heard });
-      ws.send(JSON.stringify({ type: "metrics", turn: currentTurn, mouth_to_ear_ms: t.heard }));
-      renderLatency(currentTurn);
-    }
-  }
+  if (m.type === "started") started(m.id, performance.now());
+  else record({ type: "player_" + m.type, id: m.id });
 }
 
 function onMessage(e) {
@@ -111,6 +255,7 @@ function onMessage(e) {
   record(m);
   switch (m.type) {
     case "ready": window._ready(m); break;
+    case "audio": if (transportName === "webrtc") scheduleStarted(m); break;
     case "pong": {
       const now = performance.now(), rtt = now - m.t;
       if (rtt <= bestRtt) { bestRtt = rtt; clockOffset = m.server_ms - (m.t + now) / 2; }
@@ -126,8 +271,14 @@ function onMessage(e) {
       // frame k was posted when its last sample was captured; the end of speech lies inside it
       const k = Math.floor(m.speech_end_stream_s / 0.02);
       const intoFrameMs = (m.speech_end_stream_s - k * 0.02) * 1000;
-      const captureEnd = k < framesSent && framesSent - k <= FRAME_RING
+      let captureEnd = k < framesSent && framesSent - k <= FRAME_RING
         ? frameTimes[k % FRAME_RING] - (20 - intoFrameMs) - micLatencyMs : undefined;
+      // WebRTC: no frame of ours maps to the server's stream time (packets are lost, and the
+      // server's jitter buffer drops and stretches), so the end of speech is the server's
+      // clock reading of it, on our clock, less half a round trip. What it leaves out is the
+      // uplink's Opus and jitter buffer time (tens of ms): a figure a little short, not long.
+      if (transportName === "webrtc")
+        captureEnd = m.speech_end_ms - clockOffset - (isFinite(bestRtt) ? bestRtt / 2 : 0) - micLatencyMs;
       turns[m.turn] = { speechEnd: m.speech_end_ms, captureEnd };
       break;
     }
@@ -135,7 +286,10 @@ function onMessage(e) {
     case "bot_text":
       if (!botLine) botLine = line("bot", "Agent: ");
       botLine.textContent += m.text; break;
-    case "clear": if (player) player.port.postMessage({ type: "clear" }); break;
+    case "clear":
+      if (transportName === "webrtc") flushReplyAudio();
+      else if (player) player.port.postMessage({ type: "clear" });
+      break;
     case "interrupted": line("bot", "(interrupted; heard: " + (m.heard || "nothing") + ")"); botLine = null; break;
     case "latency": turns[m.turn] = Object.assign(turns[m.turn] || {}, { server: m }); renderLatency(m.turn); break;
     case "error": line("err", "error: " + m.message + (m.fatal ? " (the conversation has ended)" : "")); break;

@@ -1,0 +1,312 @@
+"""Barge-in that stops at once: the turn machine pauses the reply at the first frames of speech
+over the bot, cancels it on words, and resumes it on noise or a backchannel (Driver style, no
+models); then the real Session with the test doubles (tests/doubles.py): the far end is cleared
+at the onset, a resumed reply goes on from the sample where it stopped and loses none, and the
+history keeps exactly what was heard."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+from doubles import EnergyVAD, ScriptedLLM, ScriptedRecognizer, ToneVoice, burst
+from helpers import await_until, is_word_prefix
+from test_turns import B, Driver, F, I, P, T, U
+
+from agent.session import REPLY_PAUSED, Models, Session, SessionConfig
+from agent.trace import Ev, Tracer
+from agent.turns import (
+    CancelReply,
+    DiscardTranscript,
+    PauseReply,
+    ResumeReply,
+    SpeechPaused,
+    SpeechStopped,
+    StartUtterance,
+    interrupting_words,
+)
+from transport.wavfile import ScriptedTurn, WavConversationTransport
+
+RATE = 16000
+LONG = ("Once upon a time there was a small fox who lived in a quiet wood, and every morning "
+        "the fox went down to the river to drink and to watch the fish jump in the sun.")
+
+
+# ---- the turn machine ----------------------------------------------------------------------------
+def speaking() -> Driver:
+    """A turn answered; the bot's reply is playing."""
+    d = Driver().frames("#" * 20 + "." * 8).eou(0.9)
+    d.log += d.m.on_final(d.t, "tell me a story")
+    d.m.on_reply_started(d.t)
+    return d
+
+
+def test_the_first_frames_of_speech_over_the_bot_pause_it():
+    d = speaking()
+    n = len(d.log)
+    d.frames("###")  # 96 ms: not yet
+    assert d.log[n:] == [] and d.m.state == B
+    onset = round(d.t - 2 * F, 6)  # the first of those frames ended here
+    d.frames("#")
+    pause, start = d.log[n:]
+    assert isinstance(pause, PauseReply) and isinstance(start, StartUtterance)
+    assert abs(pause.t_speech_start - (onset - F)) < 1e-6 and abs(pause.t - d.t) < 1e-6
+    assert d.m.state == I
+    d.frames("#" * 20)  # more speech does not pause it again
+    assert [type(c) for c in d.log[n:]].count(PauseReply) == 1
+
+
+def test_words_over_the_bot_cancel_it_but_backchannels_do_not():
+    d = speaking().frames("#" * 6)
+    assert d.m.on_words(d.t, "Mm-hmm.") == [] and d.m.state == I
+    assert d.m.on_words(d.t, "(coughs)") == []
+    assert d.m.on_words(d.t, "you") == []  # one word of a partial: Whisper's guess on a fragment, often
+    assert d.m.on_words(d.t, "mm-hmm wait stop") == [CancelReply(d.t)]
+    assert d.m.state == U
+    d.frames("#" * 80)  # past the false-interruption timeout: decided, nothing resumes
+    assert ResumeReply not in d.kinds() and d.states()[-2:] == [I, U]
+
+
+def test_a_backchannel_over_the_bot_resumes_it_and_is_no_turn():
+    d = speaking().frames("#" * 8 + "." * 8).eou(0.9)  # "mm-hmm", then its utterance ends
+    assert d.m.state == T
+    out = d.m.on_final(d.t, "Mm-hmm.")
+    assert [type(c) for c in out] == [DiscardTranscript, ResumeReply] and d.m.state == B
+    assert d.states()[-4:] == [I, P, T, B]
+
+
+def test_a_final_with_words_makes_the_interruption_real():
+    d = speaking().frames("#" * 8 + "." * 8).eou(0.9)
+    assert d.m.on_final(d.t, "stop") == [CancelReply(d.t)] and d.m.state == T  # the new turn's to answer
+
+
+def test_noise_keeps_the_bot_paused_while_it_lasts_and_the_timeout_counts_from_its_end():
+    d = Driver(false_interruption_s=1.0)  # shorter than the end of turn's wait: the timeout decides
+    d.frames("#" * 20 + "." * 8).eou(0.9)
+    d.log += d.m.on_final(d.t, "tell me a story")
+    d.m.on_reply_started(d.t)
+    n = len(d.log)
+    d.frames("#" * 120)  # 3.8 s of wordless noise (or words the recognizer is slow to find)
+    assert [type(c) for c in d.log[n:]] == [PauseReply, StartUtterance] and d.m.state == I
+    noise_end = d.t
+    d.frames("." * 40)
+    assert [type(c) for c in d.log[n:]] == [PauseReply, StartUtterance, SpeechStopped, SpeechPaused, ResumeReply]
+    assert abs(d.log[-1].t - noise_end - 1.0) < 1.5 * F and d.m.state == B
+    d.frames("####")  # new speech pauses the bot again
+    assert [type(c) for c in d.log[-2:]] == [PauseReply, StartUtterance]
+
+
+def test_slow_words_still_make_it_an_interruption():
+    d = speaking().frames("#" * 100 + "." * 47)  # 3.2 s of speech, then the end of turn's wait
+    assert d.m.state == T and ResumeReply not in d.kinds()  # no timeout while they spoke
+    assert d.m.on_final(d.t, "why is the sky blue") == [CancelReply(d.t)]
+
+
+def test_speech_over_the_thinking_bot_resumes_to_the_reply_that_started_meanwhile():
+    d = Driver().frames("#" * 20 + "." * 8).eou(0.9)  # turn ended, its transcript not yet in
+    d.frames("#" * 5)
+    assert d.kinds()[-2:] == [PauseReply, StartUtterance] and d.m.state == I
+    assert d.m.on_final(d.t, "what time is it") == []  # the earlier turn's words decide nothing
+    d.m.on_reply_started(d.t)  # its reply started, paused
+    assert d.m.state == I
+    d.frames("." * 8).eou(0.9)
+    assert [type(c) for c in d.m.on_final(d.t, "")] == [DiscardTranscript, ResumeReply]
+    assert d.m.state == B
+
+
+def test_a_reply_that_ends_while_paused_leaves_nothing_to_resume():
+    d = speaking().frames("#" * 6)
+    d.m.on_reply_finished(d.t)  # it failed: the speech over it is an utterance like any other
+    assert d.m.state == U
+    d.frames("#" * 80)
+    assert ResumeReply not in d.kinds()
+
+
+def test_interrupting_words_leave_out_backchannels_and_sound_tags():
+    quiet = ["Mm-hmm.", "MMHMM", "Mmh", "mhm", "uh-huh", "Um,", "oh", "[BLANK_AUDIO]", "(coughs)", ""]
+    assert [interrupting_words(t) for t in quiet] == [0] * len(quiet)
+    assert [interrupting_words(t) for t in ["Hmm, wait.", "Yeah.", "stop please", "home", "Oh no"]] == [1, 1, 2, 1, 1]
+    assert interrupting_words("yeah okay", backchannels=("yeah", "okay")) == 0
+
+
+# ---- the Session, with the test doubles --------------------------------------------------------------
+class Recording:
+    """The WAV far end, recording the audio sent to it (timeline time, id, samples, perf_counter
+    time) and its clears."""
+
+    def __init__(self, inner: WavConversationTransport):
+        self.inner = inner
+        self.reports_playout = inner.reports_playout
+        self.sent: list[tuple[float, int, np.ndarray, float]] = []
+        self.clears: list[float] = []
+
+    async def send_audio(self, chunk):
+        self.sent.append((self.inner.now(), chunk.chunk_id, chunk.pcm.copy(), time.perf_counter()))
+        await self.inner.send_audio(chunk)
+
+    async def clear(self):
+        self.clears.append(self.inner.now())
+        await self.inner.clear()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class RecordingVoice(ToneVoice):
+    """The tone voice, keeping each chunk it made: the reply's whole audio, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.chunks = []
+
+    async def stream(self, text_chunks):
+        async for chunk in super().stream(text_chunks):
+            self.chunks.append(chunk)
+            yield chunk
+
+
+async def converse(tmp_path, turns, script, llm):
+    wav = WavConversationTransport(turns, RATE, str(tmp_path / "out.wav"), gap_s=0.3, reply_timeout_s=8.0)
+    far, voice = Recording(wav), RecordingVoice()
+    cfg = SessionConfig(speculate=False)
+    cfg.turns.use_eou = False  # silence alone ends turns (0.5 s)
+    tracer = Tracer("t", capacity=1 << 14)
+    session = Session(Models(asr=ScriptedRecognizer(script), llm=llm, tts=voice, vad_factory=EnergyVAD), far, cfg,
+                      tracer=tracer)
+    await asyncio.wait_for(session.run(), timeout=40)
+    wav.close()
+    return session, far, voice, tracer
+
+
+def story_then(over: np.ndarray, words: str):
+    """A question answered with a long story, and `over` spoken 2 s into it (with `words`)."""
+    question = np.concatenate([np.zeros(int(0.3 * RATE), np.float32), burst(0.6)])
+    return [ScriptedTurn(question, RATE, "ask"), ScriptedTurn(over, RATE, "over", start_after_s=2.0)], \
+        ["tell me a story", words]
+
+
+def trace(tracer, name):
+    return [e for e in tracer.events() if e.name == name]
+
+
+def log(far, kind):
+    return [e for e in far.inner.events_log if e["type"] == kind]
+
+
+async def test_a_cough_pauses_the_reply_at_once_and_it_resumes_from_the_sample_it_stopped(tmp_path):
+    turns, script = story_then(burst(0.45, seed=3), "")
+    llm = ScriptedLLM(LONG)
+    session, far, voice, tracer = await converse(tmp_path, turns, script, llm)
+
+    # paused at the onset: the far end was cleared before the cough's utterance had even ended
+    (clear_t,) = far.clears
+    (ended,) = [e for e in log(far, "endpoint") if e["turn"] == 1]
+    assert clear_t < ended["t"]
+    (paused,) = trace(tracer, REPLY_PAUSED)
+    assert paused.args["speech_to_clear_ms"] > 0
+    # nothing went out while it was paused
+    (resume,) = trace(tracer, Ev.RESUME)
+    clear_ns = next(e.ts_ns for e in tracer.events() if e.name == Ev.CLEAR)
+    assert not [s for s in far.sent if clear_ns < s[3] * 1e9 < resume.ts_ns]
+    # the audio: what was sent before the clear is the reply's audio up to some sample; after
+    # the resume the reply's audio again, from exactly the sample where the far end stopped
+    whole = np.concatenate([c.pcm for c in voice.chunks])
+    before = np.concatenate([s[2] for s in far.sent if s[3] * 1e9 <= clear_ns])
+    after = np.concatenate([s[2] for s in far.sent if s[3] * 1e9 > clear_ns])
+    at = round(resume.args["at_s"] * RATE)
+    assert np.array_equal(before, whole[:before.size]), "the audio before the pause is the reply's"
+    assert 0 < at < before.size, "it resumed inside what was sent, not after it"
+    assert np.array_equal(after, whole[at:]), "the resumed audio is the rest of the reply from the paused sample"
+    # what the far end played: the whole reply, nothing skipped, at most a few ms played twice
+    played = played_reply_seconds(tmp_path / "out.wav", after_s=0.9)
+    assert -0.005 < played - whole.size / RATE < 0.08, (played, whole.size / RATE)
+    # heard exactly: the whole story, once; the cough was no turn and asked the LLM nothing
+    assert len(llm.requests) == 1
+    assert session.records[0].heard_text == LONG and not session.records[0].interrupted
+    assert session.history == [{"role": "user", "content": "tell me a story"}, {"role": "assistant", "content": LONG}]
+    assert [r.user_text for r in session.records] == ["tell me a story", ""]
+
+
+async def test_words_over_the_bot_cancel_the_paused_reply_and_keep_what_was_heard(tmp_path):
+    turns, script = story_then(burst(0.8, seed=2), "wait stop")
+    # slow enough to be still generating when it is talked over
+    llm = ScriptedLLM(lambda user: LONG if "story" in user else "Okay.", token_s=0.08)
+    session, far, _, tracer = await converse(tmp_path, turns, script, llm)
+
+    first, second = session.records[0], session.records[1]
+    assert first.interrupted and second.user_text == "wait stop" and second.reply_text == "Okay."
+    (clear_t,) = far.clears[:1]
+    # cleared at the onset, before the words that made it an interruption were recognised
+    first_partial = next(e["t"] for e in log(far, "partial") if "wait" in e["text"])
+    assert clear_t < first_partial
+    assert llm.cancelled == 1, "the cut reply's LLM was cancelled"
+    # paused, the LLM was not read: at most the token it was waiting for came after
+    barge_ns = trace(tracer, Ev.BARGE_IN)[0].ts_ns
+    assert len([e for e in trace(tracer, Ev.TOKEN) if e.turn == 0 and e.ts_ns > barge_ns]) <= 1
+    # the story's audio stopped at the clear: nothing of it was sent after
+    clear_ns = next(e.ts_ns for e in tracer.events() if e.name == Ev.CLEAR)
+    story_ids = {s[1] for s in far.sent if s[3] * 1e9 <= clear_ns}
+    later = [s for s in far.sent if s[3] * 1e9 > clear_ns]
+    assert story_ids and later and min(s[1] for s in later) > max(story_ids)
+    assert not [e for e in trace(tracer, Ev.SEND_AUDIO) if e.turn == 0 and e.ts_ns > clear_ns]
+    # heard: exactly the pieces the far end began before the clear
+    played = {e["id"] for e in log(far, "played") if e["t"] <= clear_t}
+    heard = " ".join(e["text"] for e in log(far, "audio") if e["id"] in played and e["text"]).strip()
+    assert heard and first.heard_text == heard and is_word_prefix(heard, LONG, strict=True)
+    assert session.history[:2] == [{"role": "user", "content": "tell me a story"},
+                                   {"role": "assistant", "content": heard}]
+    assert llm.requests[-1][-1] == {"role": "user", "content": "wait stop"}
+
+
+async def test_a_backchannel_over_the_bot_resumes_it_and_is_not_answered(tmp_path):
+    turns, script = story_then(burst(0.5, seed=4), "mm-hmm")
+    llm = ScriptedLLM(LONG)
+    session, far, _, tracer = await converse(tmp_path, turns, script, llm)
+    assert trace(tracer, Ev.RESUME) and len(far.clears) == 1
+    assert len(llm.requests) == 1, "the backchannel was not answered"
+    assert [r.user_text for r in session.records] == ["tell me a story", ""]
+    assert session.history[-1] == {"role": "assistant", "content": LONG}
+
+
+async def test_noise_that_goes_on_keeps_the_reply_paused_until_it_ends(tmp_path):
+    turns, script = story_then(burst(3.0, seed=5), "")
+    llm = ScriptedLLM(LONG)
+    session, far, _, tracer = await converse(tmp_path, turns, script, llm)
+    (resume,) = trace(tracer, Ev.RESUME)
+    assert len(far.clears) == 1, "one pause for the whole noise"
+    noise_end = far.inner.t0 + far.inner.input_end_times[1]
+    assert resume.ts_ns / 1e9 > noise_end, "it resumed over the noise"
+    assert session.history == [{"role": "user", "content": "tell me a story"}, {"role": "assistant", "content": LONG}]
+
+
+def played_reply_seconds(path, after_s: float) -> float:
+    """Seconds of tone in the far end's played timeline after `after_s` (the reply's, without
+    the silences between): a 40-sample running max of |x| over a threshold (440 Hz has a 36-sample period)."""
+    import soundfile as sf
+
+    x, rate = sf.read(path, dtype="float32")
+    x = np.abs(x[int(after_s * rate):])
+    w = 40
+    env = np.maximum.reduce([x[i:x.size - w + i] for i in range(w)])
+    return float(np.count_nonzero(env > 0.05)) / rate
+
+
+async def test_a_hang_up_while_the_reply_is_paused_says_goodbye_and_keeps_what_was_heard(tmp_path):
+    turns, script = story_then(burst(1.5, seed=6), "")
+    wav = WavConversationTransport(turns, RATE, str(tmp_path / "out.wav"), gap_s=0.3, reply_timeout_s=8.0)
+    far = Recording(wav)
+    cfg = SessionConfig(speculate=False)
+    cfg.turns.use_eou = False
+    session = Session(Models(asr=ScriptedRecognizer(script), llm=ScriptedLLM(LONG), tts=ToneVoice(),
+                             vad_factory=EnergyVAD), far, cfg, tracer=Tracer("t"))
+    run = asyncio.create_task(session.run())
+    assert await await_until(lambda: far.clears, timeout=20), "the noise did not pause the reply"
+    n = len(far.sent)
+    await session.hang_up("draining", "the server is restarting", "Goodbye.")  # while paused
+    await asyncio.wait_for(run, 10)
+    wav.close()
+    assert len(far.sent) > n, "the goodbye was said, not held with the paused reply"
+    first = session.records[0]
+    assert first.interrupted and first.heard_text and is_word_prefix(first.heard_text, LONG, strict=True)
+    assert session.history[:2] == [{"role": "user", "content": "tell me a story"},
+                                   {"role": "assistant", "content": first.heard_text}]

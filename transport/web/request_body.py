@@ -1,0 +1,107 @@
+"""A bounded request body (POST /webrtc/offer) on the port that serves the page and /ws.
+
+websockets parses every request on its server but refuses any with a body ("unsupported
+request body"). `BodySplitter` is a small Sans-I/O filter in front of its parser: it passes the
+bytes of a GET through untouched; for a POST it holds the head, reads the body that its
+Content-Length announces (at most `max_body` bytes), and hands websockets the head alone, so
+`process_request` sees an ordinary request and reads the body from the connection. This keeps
+one listening socket, TLS included (the filter sees decrypted bytes), and websockets' own
+handshake, limits and timeouts for everything else.
+
+`BodyConnection` is that filter on websockets' connection (its documented `create_connection`
+hook). A body that cannot be taken (too large, chunked, a bad length) leaves `body_error`
+set, (status, reason), and what follows it is discarded.
+"""
+from __future__ import annotations
+
+from http import HTTPStatus
+
+from websockets.asyncio.server import ServerConnection
+
+MAX_HEAD = 16384
+MAX_BODY = 65536
+
+
+class BodySplitter:
+    def __init__(self, max_body: int = MAX_BODY, max_head: int = MAX_HEAD):
+        self.max_body, self.max_head = max_body, max_head
+        self._buf = b""
+        self._state = "head"  # head -> body -> pass | discard
+        self._head = b""
+        self._length = 0
+        self.body: bytes | None = None  # a POST's body, once read
+        self.body_error: tuple[HTTPStatus, str] | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        """The bytes to hand websockets' parser now (possibly none)."""
+        if self._state == "pass":
+            return data
+        if self._state == "discard":
+            return b""
+        self._buf += data
+        if self._state == "head":
+            end = self._buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._buf) > self.max_head:  # websockets refuses it with its own limits
+                    self._state = "pass"
+                    return self._take()
+                return b""
+            head, self._buf = self._buf[:end + 4], self._buf[end + 4:]
+            if not head.startswith(b"POST "):
+                self._state = "pass"
+                return head + self._take()
+            return self._post_head(head)
+        return self._body()
+
+    def _take(self) -> bytes:
+        out, self._buf = self._buf, b""
+        return out
+
+    def _post_head(self, head: bytes) -> bytes:
+        lines = head[:-4].split(b"\r\n")
+        kept, lengths, chunked = [lines[0]], [], False
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            key = name.strip().lower()
+            if key == b"content-length":
+                lengths.append(value.strip())
+            elif key == b"transfer-encoding":
+                chunked = True
+            else:
+                kept.append(line)
+        self._head = b"\r\n".join(kept) + b"\r\n\r\n"
+        if chunked:
+            return self._refuse(HTTPStatus.LENGTH_REQUIRED, "send the body with a Content-Length, not chunked\n")
+        if len(set(lengths)) > 1 or (lengths and not lengths[0].isdigit()):
+            return self._refuse(HTTPStatus.BAD_REQUEST, "a bad Content-Length header\n")
+        self._length = int(lengths[0]) if lengths else 0
+        if self._length > self.max_body:
+            return self._refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                                f"a body of {self._length} bytes is over the limit of {self.max_body}\n")
+        self._state = "body"
+        return self._body()
+
+    def _body(self) -> bytes:
+        if len(self._buf) < self._length:
+            return b""
+        self.body, self._buf = self._buf[:self._length], b""
+        self._state = "discard"  # no pipelining: the response closes the connection
+        return self._head
+
+    def _refuse(self, status: HTTPStatus, reason: str) -> bytes:
+        self.body_error = (status, reason)
+        self._state, self._buf = "discard", b""
+        return self._head
+
+
+class BodyConnection(ServerConnection):
+    """websockets' server connection with a `BodySplitter` in front of its request parser."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.splitter = BodySplitter()
+
+    def data_received(self, data: bytes) -> None:
+        out = self.splitter.feed(data)
+        if out:
+            super().data_received(out)

@@ -1,0 +1,1 @@
+"""The browser over WebRTC (aiortc): Opus audio tracks both ways, events on a data channel."""

@@ -1,0 +1,147 @@
+"""A WebRTC peer on aiortc that talks to `POST /webrtc/offer` as the page does, without a
+browser: it offers a mic track (a clip said at real time, then silence) and a data channel,
+and records the reply track's decoded audio and the channel's events, each with its arrival
+time (time.perf_counter()). The tests and `python -m transport.webrtc.bench` use it.
+
+`ice_hosts` limits the host candidates it gathers (transport/webrtc/ice.py): pass
+("127.0.0.1",) to keep every packet on loopback."""
+from __future__ import annotations
+
+import asyncio
+import fractions
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import av
+import numpy as np
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtcconfiguration import RTCBundlePolicy
+
+from transport.audio import float_to_int16, resample
+from transport.webrtc.ice import host_addresses
+
+RATE = 48000
+FRAME = 960  # 20 ms
+
+
+class ClipTrack(MediaStreamTrack):
+    """A microphone that says `clip` (float32 at `rate`) once, at real time, then silence.
+    `speech_end`: when the frame holding sample `speech_end_s` of the clip (default: its end)
+    was handed to the encoder."""
+
+    kind = "audio"
+
+    def __init__(self, clip: np.ndarray | None = None, rate: int = 16000, speech_end_s: float | None = None):
+        super().__init__()
+        pcm = resample(clip, rate, RATE) if clip is not None and clip.size else np.zeros(0, np.float32)
+        self.pcm = float_to_int16(pcm)
+        self.end_sample = int(RATE * speech_end_s) if speech_end_s is not None else self.pcm.size
+        self.pts = 0
+        self.t0: float | None = None
+        self.speech_end: float | None = None
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
+        wait = self.t0 + self.pts / RATE - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        chunk = self.pcm[self.pts:self.pts + FRAME]
+        if chunk.size < FRAME:
+            chunk = np.pad(chunk, (0, FRAME - chunk.size))
+        if self.speech_end is None and self.pts + FRAME >= self.end_sample:
+            self.speech_end = time.perf_counter()
+        frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME)
+        frame.planes[0].update(chunk.tobytes())
+        frame.pts, frame.sample_rate, frame.time_base = self.pts, RATE, fractions.Fraction(1, RATE)
+        self.pts += FRAME
+        return frame
+
+
+@dataclass
+class Peer:
+    pc: RTCPeerConnection
+    mic: ClipTrack
+    events: list[dict] = field(default_factory=list)
+    event_times: list[float] = field(default_factory=list)  # when each event came
+    audio: list[tuple[float, np.ndarray]] = field(default_factory=list)  # (decoded at, mono float @48k)
+    tasks: list[asyncio.Task] = field(default_factory=list)
+    channel: object = None
+
+    def reply_pcm(self) -> np.ndarray:
+        return np.concatenate([a for _, a in self.audio]) if self.audio else np.zeros(0, np.float32)
+
+    def first_loud_after(self, t: float, level: float = 0.01) -> float | None:
+        """When the first decoded 20 ms frame louder than `level` (RMS) came after `t`."""
+        for at, a in self.audio:
+            if at > t and a.size and float(np.sqrt(np.mean(a ** 2))) > level:
+                return at
+        return None
+
+    def send(self, obj: dict) -> None:
+        self.channel.send(json.dumps(obj))
+
+    async def close(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.pc.close()
+
+
+def post(url: str, body: bytes, content_type: str = "application/json", headers: dict | None = None):
+    """A blocking HTTP POST: (status, body text)."""
+    req = urllib.request.Request(url, data=body, method="POST",
+                                 headers={"Content-Type": content_type, **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=15) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+async def _read(track, peer: Peer) -> None:
+    while True:
+        try:
+            frame = await track.recv()
+        except MediaStreamError:
+            return
+        x = frame.to_ndarray().reshape(-1, len(frame.layout.channels)).astype(np.float32).mean(axis=1) / 32768
+        peer.audio.append((time.perf_counter(), x))
+
+
+def _on_message(peer: Peer, message: str) -> None:
+    peer.event_times.append(time.perf_counter())
+    peer.events.append(json.loads(message))
+
+
+async def connect(base_url: str, clip: np.ndarray | None = None, rate: int = 16000, *,
+                  ice_hosts: Sequence[str] | None, speech_end_s: float | None = None,
+                  hello: dict | None = None, data_channel: bool = True, token: str | None = None) -> Peer:
+    """Offer to `base_url`/webrtc/offer (http://HOST:PORT) and start talking; RuntimeError with
+    the server's answer when it refuses."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[], bundlePolicy=RTCBundlePolicy.MAX_BUNDLE))
+    peer = Peer(pc, ClipTrack(clip, rate, speech_end_s))
+    pc.addTrack(peer.mic)
+    pc.on("track", lambda track: peer.tasks.append(asyncio.create_task(_read(track, peer))))
+    if data_channel:
+        peer.channel = ch = pc.createDataChannel("events")
+        ch.on("message", lambda m: _on_message(peer, m))
+        ch.on("open", lambda: ch.send(json.dumps(hello or {"type": "hello"})))
+    with host_addresses(ice_hosts):
+        await pc.setLocalDescription(await pc.createOffer())
+    body = json.dumps({"sdp": pc.localDescription.sdp, "type": "offer"}).encode()
+    url = base_url + "/webrtc/offer" + (f"?token={token}" if token else "")
+    status, text = await asyncio.to_thread(post, url, body)
+    if status != 200:
+        await pc.close()
+        raise RuntimeError(f"offer refused: {status} {text}")
+    answer = json.loads(text)
+    await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
+    return peer

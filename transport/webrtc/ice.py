@@ -1,0 +1,86 @@
+"""ICE settings for our peer connections: which host addresses to gather, and STUN/TURN servers.
+
+aioice gathers every interface address except 127.0.0.1 and has no option to choose them, and
+aiortc falls back to Google's STUN server when given no list. So:
+
+- `host_addresses(hosts)` is a context in which aioice gathers exactly `hosts` (127.0.0.1
+  included): a ContextVar read by a thin wrapper around `aioice.ice.get_host_addresses`, the
+  one function aioice's `Connection.gather_candidates` asks. Gathering runs in tasks created
+  inside `setLocalDescription`, which inherit the context, so the choice holds for the one peer
+  connection negotiated inside the `with` and for no other (other peers in the process keep
+  aioice's default);
+- `configuration(servers)` always passes an explicit server list (empty: host candidates only,
+  enough on a LAN or localhost), never aiortc's default.
+"""
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+
+import aioice.ice
+from aiortc import RTCConfiguration, RTCIceServer
+
+_HOSTS: ContextVar[tuple[str, ...] | None] = ContextVar("duplex_ice_hosts", default=None)
+_aioice_host_addresses = aioice.ice.get_host_addresses
+
+
+def _host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+    hosts = _HOSTS.get()
+    if hosts is None:
+        return _aioice_host_addresses(use_ipv4, use_ipv6)
+    return [h for h in hosts if (use_ipv4 if ipaddress.ip_address(h).version == 4 else use_ipv6)]
+
+
+if getattr(aioice.ice.get_host_addresses, "__module__", "") != __name__:
+    aioice.ice.get_host_addresses = _host_addresses
+
+
+def check_hosts(hosts: Sequence[str]) -> tuple[str, ...]:
+    """Literal IP addresses only (a name would be resolved to who knows which interface)."""
+    for h in hosts:
+        try:
+            ipaddress.ip_address(h)
+        except ValueError:
+            raise ValueError(f"--ice-host needs an IP address, got {h!r}") from None
+    return tuple(hosts)
+
+
+@contextlib.contextmanager
+def host_addresses(hosts: Sequence[str] | None) -> Iterator[None]:
+    """Gather only `hosts` as host candidates for what is negotiated inside (None: aioice's choice)."""
+    token = _HOSTS.set(check_hosts(hosts) if hosts else None)
+    try:
+        yield
+    finally:
+        _HOSTS.reset(token)
+
+
+def ice_server(spec: str) -> RTCIceServer:
+    """`stun:HOST:PORT`, or `USER:PASSWORD@turn:HOST:PORT?transport=udp` for a TURN server
+    (aiortc uses the first STUN and the first TURN server given)."""
+    creds, _, url = spec.rpartition("@") if "@" in spec else ("", "", spec)
+    if not url.startswith(("stun:", "turn:", "turns:")):
+        raise ValueError(f"--ice-server needs a stun:, turn: or turns: URL, got {url!r}")
+    if url.startswith("turn") and not creds:
+        raise ValueError(f"a TURN server needs credentials: USER:PASSWORD@{url}")
+    user, _, password = creds.partition(":")
+    return RTCIceServer(url, username=user or None, credential=password or None)
+
+
+def configuration(servers: Sequence[str] = ()) -> RTCConfiguration:
+    return RTCConfiguration(iceServers=[ice_server(s) for s in servers])
+
+
+def selected_pairs(pc) -> list[tuple[tuple[str, int], tuple[str, int]]]:
+    """The (local, remote) addresses ICE nominated on each of `pc`'s transports. aiortc has no
+    getter for the selected pair (getStats omits it), so this reads aioice's nominated pairs."""
+    out = []
+    for t in pc.getTransceivers():
+        transport = t.sender.transport
+        ice = transport.transport if transport is not None else None
+        conn = getattr(getattr(ice, "iceGatherer", None), "_connection", None)
+        for pair in getattr(conn, "_nominated", {}).values():
+            out.append((pair.local_addr, pair.remote_addr))
+    return out

@@ -1,0 +1,144 @@
+"""`POST /webrtc/offer`: the page's SDP offer in, our answer out, and a conversation started on
+the new peer connection. The request checks are Sans-I/O (`parse_offer`); `WebRTCOffers` is the
+asyncio shell that negotiates, admits and runs the conversations and closes what they leave.
+
+Only one offer/answer exchange per conversation, no trickle ICE: the answer carries our
+candidates (host ones, gathered in well under a second, and STUN/TURN ones when servers are
+given), and the offer carries the peer's (the page waits for its gathering to complete).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+
+from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.sdp import SessionDescription
+from websockets.http11 import Request
+
+from transport.admission import Admission
+from transport.base import Transport
+from transport.credentials import header
+from transport.webrtc.ice import check_hosts, configuration, host_addresses, ice_server
+from transport.webrtc.transport import WebRTCTransport
+
+log = logging.getLogger("duplex.webrtc")
+OFFER_PATH = "/webrtc/offer"
+
+
+class OfferError(Exception):
+    def __init__(self, status: HTTPStatus, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def parse_offer(content_type: str | None, body: bytes) -> RTCSessionDescription:
+    """The offer in a request, or OfferError saying what is wrong with it."""
+    if (content_type or "").split(";")[0].strip().lower() != "application/json":
+        raise OfferError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                         f"send the offer as application/json, not {content_type or 'no Content-Type'}")
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise OfferError(HTTPStatus.BAD_REQUEST, f"malformed JSON: {str(exc)[:200]}") from None
+    if not isinstance(obj, dict) or obj.get("type") != "offer" or not isinstance(obj.get("sdp"), str):
+        raise OfferError(HTTPStatus.BAD_REQUEST, 'the body must be {"sdp": "...", "type": "offer"}')
+    if not obj["sdp"].lstrip().startswith("v=0"):
+        raise OfferError(HTTPStatus.BAD_REQUEST, "unreadable SDP: a session description starts with v=0")
+    try:
+        sdp = SessionDescription.parse(obj["sdp"])
+    except Exception as exc:  # noqa: BLE001 - aiortc's parser raises whatever the text trips it on
+        raise OfferError(HTTPStatus.BAD_REQUEST, f"unreadable SDP: {str(exc)[:200] or type(exc).__name__}") from None
+    audio = [m for m in sdp.media if m.kind == "audio" and m.port != 0]
+    if not audio:
+        raise OfferError(HTTPStatus.BAD_REQUEST, "the offer has no audio: add the microphone track")
+    if not any(c.name.lower() == "opus" for m in audio for c in m.rtp.codecs):
+        raise OfferError(HTTPStatus.BAD_REQUEST, "the offer's audio has no Opus codec")
+    if audio[0].direction not in (None, "sendrecv"):
+        raise OfferError(HTTPStatus.BAD_REQUEST,
+                         f"the audio must be sendrecv (the mic in, the reply out), not {audio[0].direction}")
+    return RTCSessionDescription(obj["sdp"], "offer")
+
+
+def _json(status: HTTPStatus, obj: dict) -> tuple[int, dict[str, str], bytes]:
+    return status.value, {"Content-Type": "application/json"}, json.dumps(obj).encode()
+
+
+@dataclass(frozen=True)
+class WebRTCOptions:
+    ice_hosts: tuple[str, ...] = ()  # gather only these host addresses (empty: aioice's choice)
+    ice_servers: tuple[str, ...] = ()  # stun:/turn: URLs, see transport/webrtc/ice.py ice_server
+    negotiate_timeout_s: float = 8.0  # under websockets' 10 s for the whole request
+    transport: dict = field(default_factory=dict)  # WebRTCTransport's limits
+
+    def __post_init__(self):
+        check_hosts(self.ice_hosts)
+        for s in self.ice_servers:
+            ice_server(s)
+
+
+class WebRTCOffers:
+    """Answers offers; runs `handler(transport)` for each admitted one until it returns, then
+    closes its peer connection. `close()` ends them all (the server is stopping)."""
+
+    def __init__(self, handler: Callable[[Transport], Awaitable[None]], admission: Admission,
+                 options: WebRTCOptions | None = None):
+        self.handler, self.admission = handler, admission
+        self.options = options or WebRTCOptions()
+        self.conversations: set[asyncio.Task] = set()
+
+    async def answer(self, request: Request, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        try:
+            offer = parse_offer(header(request, "Content-Type"), body)
+        except OfferError as exc:
+            return _json(exc.status, {"error": str(exc)})
+        if (reason := self.admission.enter()) is not None:
+            return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"not now: {reason}"})
+        pc = RTCPeerConnection(configuration(self.options.ice_servers))
+        transport = WebRTCTransport(pc, **self.options.transport)
+        try:
+            async with asyncio.timeout(self.options.negotiate_timeout_s):
+                with host_addresses(self.options.ice_hosts):
+                    await pc.setRemoteDescription(offer)
+                    pc.addTrack(transport.track)
+                    await pc.setLocalDescription(await pc.createAnswer())
+        except Exception as exc:  # noqa: BLE001 - a bad offer (aiortc raises many kinds): 400, no session
+            await transport.close()
+            self.admission.leave()
+            if isinstance(exc, TimeoutError):
+                log.warning("webrtc offer: negotiation timed out")
+                return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "negotiation timed out"})
+            log.info("webrtc offer refused: %s", exc)
+            return _json(HTTPStatus.BAD_REQUEST, {"error": f"cannot answer this offer: {str(exc)[:200]}"})
+        task = asyncio.create_task(self._run(transport), name="webrtc-conversation")
+        self.conversations.add(task)
+        task.add_done_callback(self.conversations.discard)
+        local = pc.localDescription
+        return _json(HTTPStatus.OK, {"sdp": local.sdp, "type": local.type})
+
+    async def _run(self, transport: WebRTCTransport) -> None:
+        try:
+            await self.handler(transport)
+        except Exception:
+            log.exception("webrtc session failed")
+        finally:
+            try:
+                await transport.close()
+            finally:
+                self.admission.leave()
+
+    async def close(self) -> None:
+        for task in list(self.conversations):
+            task.cancel()
+        await asyncio.gather(*self.conversations, return_exceptions=True)
+
+
+def offer_routes(offers: WebRTCOffers) -> dict[str, Callable]:
+    return {OFFER_PATH: offers.answer}
+
+
+__all__ = ["OFFER_PATH", "OfferError", "WebRTCOffers", "WebRTCOptions", "offer_routes", "parse_offer"]
+
