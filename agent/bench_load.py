@@ -273,7 +273,7 @@ async def run_load(url: str, questions: list[Question], sessions: int, seconds: 
 
     outcomes = list(await asyncio.gather(*(staggered(i) for i in range(sessions))))
     wall_s = loop.time() - t_run
-    end = await metrics_now(url)
+    end = await settled_metrics(url)
     report = {"url": url, "sessions": sessions, "seconds": seconds, "stagger_s": stagger_s,
               "reply_timeout_s": reply_timeout, "questions": [q.name for q in questions],
               "wall_s": round(wall_s, 1), **summarize(outcomes),
@@ -285,6 +285,19 @@ async def run_load(url: str, questions: list[Question], sessions: int, seconds: 
     if after:
         report["after"] = asdict(await conversation_after(url, questions[0], seconds, reply_timeout, after_wait_s))
     return report
+
+
+async def settled_metrics(url: str, timeout_s: float = 10.0) -> dict | None:
+    """The server's /metrics once it has closed the run's conversations (a client's close reaches
+    the server a little after the client is done, and only then is the conversation counted), or
+    as they are after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        m = await metrics_now(url)
+        if m is None or m.get(("duplex_sessions_active", ()), 0) == 0 or loop.time() > deadline:
+            return m
+        await asyncio.sleep(0.1)
 
 
 async def conversation_after(url: str, q: Question, seconds: float, reply_timeout: float,
