@@ -63,7 +63,7 @@ from asr.base import (
     WordEvent,
 )
 from llm.base import ChatModel, Message
-from tts.base import Synthesizer
+from tts.base import Synthesizer, known_text
 from tts.chunking import ends_sentence
 
 __all__ = ["DuplexLLMService", "DuplexSTTService", "DuplexTTSService", "DuplexTranscript", "word_times"]
@@ -473,11 +473,8 @@ class DuplexTTSService(TTSService):
         if context_id != self._context_id:  # pipecat times words from its context's first audio
             self._context_id, self._context_t = context_id, 0.0
 
-        async def one(t=text):
-            yield t
-
         await self.start_tts_usage_metrics(text)
-        async with contextlib.aclosing(self._voice.stream(one())) as chunks:
+        async with contextlib.aclosing(self._voice.stream(known_text(text))) as chunks:
             async for chunk in chunks:
                 if chunk.error or not chunk.pcm.size:
                     if chunk.error:

@@ -39,7 +39,7 @@ from agent.workers import cancel_and_wait
 from llm.base import ChatModel, Message
 from transport.base import AudioOut, Transport
 from transport.events import BotText, SessionEvent
-from tts.base import AudioChunk, Synthesizer
+from tts.base import AudioChunk, Synthesizer, known_text
 from tts.chunking import TextChunker
 
 log = logging.getLogger("duplex.reply")
@@ -399,11 +399,8 @@ class Reply:
     async def _apologize(self) -> None:
         """Say the apology after what was sent, in the same voice; a failure here is only logged
         (a voice or a line that is broken cannot say it either)."""
-        async def text() -> AsyncIterator[str]:
-            yield self.config.apology
-
         try:
-            async with contextlib.aclosing(self.tts.stream(text())) as chunks:
+            async with contextlib.aclosing(self.tts.stream(known_text(self.config.apology))) as chunks:
                 async for chunk in chunks:
                     if chunk.error is None and chunk.pcm.size:
                         await self._play(chunk, heard=False)

@@ -33,14 +33,13 @@ from agent.trace_export import write_trace
 from agent.workers import cancel_and_wait, run_in
 from transport.admission import Admission
 from transport.base import AudioIn, Transport
-from transport.telephony.audiosocket_server import AudioSocketTransport, run_audiosocket_server
+from transport.telephony.audiosocket_server import run_audiosocket_server
 from transport.telephony.media_streams import DIALECTS, MediaStreamCall
 from transport.telephony.media_streams_ws import MediaStreamTransport
 from transport.telephony.vonage import VonageCall
 from transport.web.access import BrowserAccess
 from transport.web.server import Guard, run_server
 from transport.webrtc.signalling import WebRTCOffers, WebRTCOptions, offer_routes
-from transport.webrtc.transport import WebRTCTransport
 from tts.base import AudioChunk, known_text
 
 log = logging.getLogger("duplex.serve")
@@ -80,15 +79,8 @@ class ServeConfig:
 
 
 def _kind(transport: Transport) -> str:
-    if kind := getattr(transport, "kind", None):
-        return kind
-    if isinstance(transport, AudioSocketTransport):
-        return "sip"
-    if isinstance(transport, MediaStreamTransport):
-        return transport.call.name
-    if isinstance(transport, WebRTCTransport):
-        return "webrtc"
-    return "web"
+    """What names a conversation in logs, traces and metrics: its transport's `kind`."""
+    return getattr(transport, "kind", None) or "web"
 
 
 class Server:

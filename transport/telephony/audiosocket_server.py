@@ -29,6 +29,7 @@ _END = object()
 
 class AudioSocketTransport:
     reports_playout = True  # we pace the audio ourselves, so we know what went out when
+    kind = "sip"  # names the conversation in logs, traces and metrics
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_events: int = 256):
         self.reader, self.writer = reader, writer

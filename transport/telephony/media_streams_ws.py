@@ -39,6 +39,11 @@ class PhoneStreamCall(Protocol):
 class MediaStreamTransport:
     reports_playout = True  # from the marks the far end echoes back
 
+    @property
+    def kind(self) -> str:
+        """The carrier's name (twilio, telnyx, ...): names the conversation in logs and metrics."""
+        return self.call.name
+
     def __init__(self, ws, call: PhoneStreamCall) -> None:
         self.ws = ws
         self.call = call

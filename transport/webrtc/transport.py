@@ -56,6 +56,7 @@ def server_ms() -> float:
 
 class WebRTCTransport:
     reports_playout = True
+    kind = "webrtc"  # names the conversation in logs, traces and metrics
 
     def __init__(self, pc: RTCPeerConnection, *, max_mic_frames: int = 250, max_control: int = 256,
                  max_pending: int = 64, max_buffered_bytes: int = 1 << 18, peer_timeout_s: float = 5.0,
