@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import ctypes
 import dataclasses
+import gc
 import itertools
 import logging
 import os
@@ -105,6 +106,13 @@ class Server:
 
     # ---- one conversation ---------------------------------------------------------------------
     async def _conversation(self, transport: Transport) -> None:
+        try:
+            await self._converse(transport)
+        finally:  # here the session is referenced no more
+            release_cycles()
+            await run_in("io", release_free_memory)
+
+    async def _converse(self, transport: Transport) -> None:
         sid = f"{_kind(transport)}{next(self._ids)}"
         tracer = Tracer(sid, capacity=1 << 17) if self.config.trace_dir else None
         async with self.metrics.conversation(sid, transport) as watched:
@@ -117,7 +125,6 @@ class Server:
                 if tracer is not None:
                     path = os.path.join(self.config.trace_dir, f"{sid}.trace.json")
                     await run_in("io", write_trace, tracer, path)
-                await run_in("io", release_free_memory)
 
     async def _busy(self, transport: Transport) -> None:
         """A phone call that is not admitted hears why, then is closed by its route."""
@@ -135,6 +142,9 @@ class Server:
     async def run(self) -> None:
         """Serve until drained."""
         cfg = self.config
+        # the models and imports live as long as the process: out of every collection, so that
+        # collecting a conversation's cycles (release_cycles) takes milliseconds, not a second
+        gc.freeze()
         routes = {f"/{name}": (lambda ws, d=d: MediaStreamTransport(ws, MediaStreamCall(d)))
                   for name, d in DIALECTS.items()}
         routes["/vonage"] = lambda ws: MediaStreamTransport(ws, VonageCall())
@@ -170,6 +180,7 @@ class Server:
         finally:
             await cancel_and_wait(*tasks)
             await offers.close()
+            gc.unfreeze()  # the process ends: its objects may be finalised as usual
 
     async def _finish_live(self) -> None:
         live = len(self.sessions)
@@ -200,6 +211,14 @@ def _malloc_trim():
 
 
 _TRIM = _malloc_trim()
+
+
+def release_cycles() -> None:
+    """Collect an ended conversation's objects now. Its session, listener and transport refer to
+    each other (callbacks), so only the cyclic collector frees them, with the audio buffers they
+    hold (about 1.5 MB); left to the collector's own schedule, which counts objects, not bytes,
+    they piled up over a soak (4 of 5 conversations still held)."""
+    gc.collect()
 
 
 def release_free_memory() -> None:

@@ -32,9 +32,6 @@ from transport.events import (
 
 log = logging.getLogger("duplex.session")
 
-# trace event (stage turn): the reply's audio stopped and the far end was told to drop its buffer,
-# with the time from the first frame of the user's speech over the bot (when audio had gone out)
-REPLY_PAUSED = "reply_paused"
 # said on a line whose recognizer has no room: a phone has no screen to show the error
 APOLOGY = "Sorry, I can't take your call right now. Please try again later."
 
@@ -132,7 +129,7 @@ class Session:
             # the bot yields at the user's first frames: words will tell whether to cut or resume
             self.tracer.instant(Stage.TURN, Ev.BARGE_IN, turn=turn - 1)
             if await self.replies.pause():
-                self.tracer.instant(Stage.TURN, REPLY_PAUSED, turn=turn - 1,
+                self.tracer.instant(Stage.TURN, Ev.REPLY_PAUSED, turn=turn - 1,
                                     speech_to_clear_ms=round((time.perf_counter() - ev.speech_start) * 1000, 1))
         elif isinstance(ev, heard.UserBargedIn):
             heard_text = await self.replies.barge_in()

@@ -129,6 +129,9 @@ class Ev:
     PAUSE = "pause"
     SPEECH_RESUMED = "speech_resumed"
     BARGE_IN = "barge_in"
+    # the reply's audio stopped and the far end was told to drop its buffer (speech_to_clear_ms:
+    # from the first frame of the user's speech over the bot)
+    REPLY_PAUSED = "reply_paused"
     INTERRUPTED = "interrupted"
     RESUME = "resume"
     GREETING = "greeting"

@@ -78,9 +78,9 @@ Defaults, and why:
 - `false_interruption_s` 2.0: LiveKit's false-interruption timeout, which also starts when the
   user stops speaking. Longer than `max_endpoint_s`: the utterance's end of turn and its final
   transcript decide first.
-- `partial_words_to_interrupt` 2: on a fragment Whisper often guesses one word ("you", "I'm"; a
-  flite "Mm-hmm." over the bot was cancelled so once). The bot is silent meanwhile, so waiting
-  for the final costs nothing audible.
+- `partial_words_to_interrupt` 3: on a fragment of a hum Whisper guesses a word or two ("you",
+  "I'm", "and image" for the first second of flite's "Mm-hmm."). The bot is silent meanwhile, so
+  waiting for more words or the final costs nothing audible.
 - `backchannels` none: only non-lexical sounds (`NONLEXICAL`) let the bot go on; "yeah" or
   "okay" over it interrupts it (Whisper wrote "MMHMM" for flite's "Mm-hmm.", "Mmh" mid-way).
 - `max_utterance_s` 25: Whisper decodes at most 30 s at once.
@@ -105,9 +105,10 @@ from agent.endpointing import POLICIES, Features, combined_silence, smart_turn_s
 
 
 # the sounds people make over a speaker to show they listen, and fillers, however a recognizer
-# spells them, case and hyphens aside: "Mm-hmm.", "MMHMM", "Mmh" (a partial's), "hmm", "uh-huh",
-# "um", "ah", "oh", "erm". None of them makes speech over the bot an interruption.
-NONLEXICAL = re.compile(r"[mh]+|(?:u+h+)+|u+m+|a+h+|o+h+|e+r+m*")
+# spells them, case and hyphens aside: "Mm-hmm.", "MMHMM", "Mmh" (a partial's), "M-M-H-M-N" and
+# "M-H-M-S" (Whisper on cut hums), "hmm", "uh-huh", "um", "ah", "oh", "erm". None of them makes
+# speech over the bot an interruption.
+NONLEXICAL = re.compile(r"[mhn]+s?|(?:u+h+)+|u+m+|a+h+|o+h+|e+r+m*")
 
 
 def interrupting_words(text: str, backchannels: tuple[str, ...] = ()) -> int:
@@ -142,7 +143,7 @@ class TurnConfig:
     endpoint_silence_s: float = 0.5
     barge_in_min_speech_s: float = 0.1  # speech over the bot that pauses it
     false_interruption_s: float = 2.0  # silence after speech over the bot with no words: it resumes
-    partial_words_to_interrupt: int = 2  # words of a partial that make speech over the bot an interruption
+    partial_words_to_interrupt: int = 3  # words of a partial that make speech over the bot an interruption
     backchannels: tuple[str, ...] = ()  # words besides `NONLEXICAL` sounds that do not interrupt ("yeah", ...)
     max_utterance_s: float = 25.0
     preroll_s: float = 0.3  # audio before the detected speech start that the recognizer gets

@@ -100,6 +100,27 @@ def silence(seconds: float, rate: int = 16000) -> np.ndarray:
     return np.zeros(int(seconds * rate), dtype=np.float32)
 
 
+def speech_onset_s(audio: np.ndarray, rate: int = 16000, floor_db: float = -40.0) -> float:
+    """Where speech starts in `audio` (s): the first 10 ms window louder than `floor_db` dBFS
+    (flite's files start with a little silence)."""
+    n = rate // 100
+    frames = audio[:audio.size // n * n].reshape(-1, n).astype(np.float64)
+    loud = np.flatnonzero(10 * np.log10(np.mean(frames ** 2, axis=1) + 1e-12) > floor_db)
+    return float(loud[0] * n / rate) if loud.size else 0.0
+
+
+def report_figure(name: str, **figures) -> None:
+    """Print a measured figure and append it to $DUPLEX_FIGURES (JSON lines), for closing notes
+    and benchmarks; tests assert properties, never these timings."""
+    import json
+
+    line = json.dumps({"figure": name, **figures})
+    print("figure:", line)
+    if path := os.environ.get("DUPLEX_FIGURES"):
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
 def is_word_prefix(heard: str, reply: str, strict: bool = False) -> bool:
     """`heard` is the reply's first words (with `strict`, fewer than all of them): what a cut reply
     leaves in the context."""

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from helpers import duplex_asr_serve, duplex_serve, say, silence, wait_until
+from helpers import duplex_asr_serve, duplex_serve, report_figure, say, silence, speech_onset_s, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.models]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -41,6 +41,7 @@ def conversation_wav(tmp_path_factory) -> tuple[Path, dict]:
     for name, p in zip(["lead", "q1", "gap1", "q2", "gap2", "barge_in", "tail"], parts):
         marks[name] = (t, t + p.size / 16000)
         t += p.size / 16000
+    marks["barge_in_speech"] = marks["barge_in"][0] + speech_onset_s(bi)
     path = d / "mic.wav"
     sf.write(path, np.concatenate(parts), 16000, subtype="PCM_16")
     return path, marks
@@ -150,6 +151,11 @@ def test_browser_conversation(transport, conversation_wav, trace_dir, recognizer
     assert "player_cleared" in types[i_clear:], "the page did not flush its player"
     cleared = next(e for e in log[i_clear:] if e["type"] == "player_cleared")
     i_cleared = log.index(cleared)
+    # the figure (not asserted): from the start of the speech over the bot (the fake microphone
+    # plays the file from getUserMedia on, so on the page clock from mic_started) to the flush
+    mic_ms = next(e for e in log if e["type"] == "mic_started")["page_ms"]
+    report_figure("barge_in_page", transport=transport,
+                  player_cleared_ms=round(cleared["page_ms"] - mic_ms - marks["barge_in_speech"] * 1000))
     # nothing of the interrupted reply plays after the flush
     ids_before = {e["id"] for e in log[:i_clear] if e["type"] == "audio"}
     replayed = [e for e in log[i_cleared:] if e["type"] == "player_started" and e["id"] in ids_before]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import duplex_serve, free_port, is_word_prefix, say, silence, wait_until
+from helpers import duplex_serve, free_port, is_word_prefix, report_figure, say, silence, speech_onset_s, wait_until
 from media_stream_peers import Peer, peer
 
 with warnings.catch_warnings():
@@ -133,6 +133,7 @@ def script(tmp_path_factory):
     for name, p in parts.items():
         marks[name] = (t, t + p.size / 16000)
         t += p.size / 16000
+    marks["barge_in_speech"] = marks["barge_in"][0] + speech_onset_s(parts["barge_in"])
     return np.concatenate(list(parts.values())), marks
 
 
@@ -148,12 +149,16 @@ def server(tmp_path_factory):
         yield port, sip_port, d
 
 
-def session_trace(trace_dir: Path, prefix: str):
-    """The events of the one session whose id starts with `prefix`, once its trace is written."""
+def session_trace(trace_dir: Path, prefix: str, known: frozenset = frozenset()):
+    """The events of the one session whose id starts with `prefix` (apart from the `known` trace
+    files), once its trace is written."""
     from agent.trace_export import load_events
 
-    wait_until(lambda: list(trace_dir.glob(f"{prefix}*.trace.json")), 30, every=0.2)
-    found = sorted(trace_dir.glob(f"{prefix}*.trace.json"))
+    def found():
+        return sorted(set(trace_dir.glob(f"{prefix}*.trace.json")) - known)
+
+    wait_until(found, 30, every=0.2)
+    found = found()
     assert len(found) == 1, found
     return load_events(str(found[0]))
 
@@ -235,6 +240,15 @@ def test_twilio_talking_over_the_bot_clears_twilios_buffer(phone_call):
     assert clears, "speaking over the story did not clear Twilio's buffer"
     barge_start = marks["barge_in"][0]
     assert barge_start < clears[0] < barge_start + 1.5, (barge_start, clears)
+    # the figure (not asserted: timings are benchmarks): from the start of the caller's speech
+    # over the story to the clear reaching Twilio, and to the earpiece falling silent
+    onset = marks["barge_in_speech"]
+    loud = [np.abs(f).max() > 64 for f in twilio.played]
+    first = int(onset / 0.02)
+    silent_at = next((k for k in range(first, len(loud) - 25) if not any(loud[k:k + 25])), None)
+    report_figure("barge_in_twilio", clear_ms=round((clears[0] - onset) * 1000),
+                  earpiece_silent_ms=None if silent_at is None else round((silent_at * 0.02 - onset) * 1000),
+                  bot_audible_at_onset=any(loud[max(0, first - 5):first + 1]))
     # nothing queued before the clear plays after it: marks echoed later name newer pieces only
     sent_before = {int(x[1:]) for t, k, x in twilio.log if k == "mark" and t <= clears[0]}
     played_after = {int(x[1:]) for t, k, x in twilio.log if k == "echo" and t > clears[0] and x.startswith("s")}
@@ -369,3 +383,50 @@ def test_wideband_talking_over_the_bot_clears_the_providers_buffer(wideband_call
     traced = {e.args["chunk"] for e in events if e.stage == "client" and e.name == "playout_start"}
     assert echoed and traced <= echoed  # only marks the provider reached count as played
     assert_context_is_what_was_heard(events)
+
+
+@pytest.fixture(scope="module")
+def backchannel_call(server, tmp_path_factory, phone_call):  # after the other calls (file order)
+    """A Twilio call: the caller asks for a story and says only "Mm-hmm." over it."""
+    import websockets
+
+    from transport.audio import resample
+
+    port, _, trace_dir = server
+    d = tmp_path_factory.mktemp("backchannel")
+    parts = {"lead": silence(1.0), "q": say("Please tell me a long story about a brave little dragon.", d / "q.wav"),
+             "gap": silence(5.0), "mm": say("Mm-hmm.", d / "mm.wav"), "tail": silence(7.0)}
+    marks, t = {}, 0.0
+    for name, p in parts.items():
+        marks[name] = (t, t + p.size / 16000)
+        t += p.size / 16000
+    marks["mm_speech"] = marks["mm"][0] + speech_onset_s(parts["mm"])
+    known = frozenset(trace_dir.glob("twilio*.trace.json"))
+
+    async def talk() -> FakeProvider:
+        async with websockets.connect(f"ws://127.0.0.1:{port}/twilio") as ws:
+            twilio = FakeProvider(ws, peer("twilio"))
+            await twilio.call(resample(np.concatenate(list(parts.values())), 16000, 8000))
+            return twilio
+
+    twilio = asyncio.run(talk())
+    return twilio, marks, session_trace(trace_dir, "twilio", known)
+
+
+def test_twilio_backchannel_pauses_the_bot_and_it_resumes(backchannel_call):
+    """"Mm-hmm." over the story: Twilio's buffer is cleared at once (the bot yields), no words
+    come, and the story goes on from where the caller's earpiece stopped."""
+    twilio, marks, events = backchannel_call
+    names = [e.name for e in events if e.stage == "turn"]
+    assert "reply_paused" in names, "the bot did not yield to the speech over it"
+    assert "resume" in names, "the story did not resume after a wordless interruption"
+    assert "interrupted" not in names, "a backchannel cut the story"
+    clears = [t for t, k, _ in twilio.log if k == "clear"]
+    assert clears and marks["mm"][0] < clears[0] < marks["mm"][1] + 1.5, (marks["mm"], clears)
+    resumed = [t for t, k, _ in twilio.log if k == "media" and t > clears[0]]
+    assert resumed, "no audio reached Twilio after the pause"
+    earpiece = np.concatenate(twilio.played).astype(np.float32) / 32768
+    after = earpiece[int((resumed[0] + 0.5) * 8000):int((resumed[0] + 2.5) * 8000)]
+    assert after.size and np.sqrt(np.mean(after ** 2)) > 0.01, "the caller heard nothing of the resumed story"
+    report_figure("backchannel_twilio", clear_ms=round((clears[0] - marks["mm_speech"]) * 1000),
+                  resumed_after_speech_end_ms=round((resumed[0] - marks["mm"][1]) * 1000))

@@ -87,7 +87,7 @@ def test_barge_in_during_bot_speech_needs_min_speech_then_words_make_it_real():
     d.frames("#" * 10)
     assert d.kinds()[4:] == [PauseReply, StartUtterance]
     assert d.m.state == I
-    d.log += d.m.on_words(d.t, "stop that")  # the recognizer heard words: a real interruption
+    d.log += d.m.on_words(d.t, "stop that now")  # the recognizer heard words: a real interruption
     assert d.kinds()[-1] == CancelReply and d.m.state == U
     d.frames("#" * 80)  # well past the false-interruption timeout: no resume
     assert ResumeReply not in d.kinds()
