@@ -10,18 +10,21 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
+from aiortc.rtp import RtpPacket
 from doubles import burst
 from helpers import await_until, flite_available, say, silence
 from test_serving import doubles, get, serving
 from webrtc_peer import connect, post
 
 from transport.webrtc.ice import host_addresses, selected_pairs
+from transport.webrtc.jitter import AudioJitterBuffer, use_low_latency_audio
 from transport.webrtc.track import FRAME, ReplyAudioTrack
 from transport.webrtc.transport import WebRTCTransport
 
@@ -72,6 +75,9 @@ async def test_a_turn_over_webrtc_on_loopback_only():
             answer_hosts = {line.split()[4] for line in inner.pc.localDescription.sdp.splitlines()
                             if line.startswith("a=candidate:")}
             assert answer_hosts == {"127.0.0.1"}, answer_hosts
+            # the server's mic goes through our jitter buffer (no 80 ms of aiortc's prefetch)
+            jb = inner.pc.getTransceivers()[0].receiver._RTCRtpReceiver__jitter_buffer
+            assert isinstance(jb, AudioJitterBuffer) and jb.lost + jb.dropped < 5, type(jb).__name__
             assert s.admission.live == 1
         finally:
             await peer.close()
@@ -92,9 +98,9 @@ async def test_a_barge_in_stops_the_reply_track_at_once():
             assert await await_until(lambda: peer.audio and peer.audio[-1][0] > t_clear + 1.0, 10)
             after = np.concatenate([a for t, a in peer.audio if t > t_clear] or [np.zeros(0)])
             late = loud_s(after)
-            # what the peer still decodes after the clear came: the frame on the wire plus its own
-            # jitter buffer (aiortc's prefetches 4 frames, 80 ms); the rest of the reply, seconds,
-            # never leaves the server
+            # what the peer still decodes after the clear came: the frames on the wire and in its
+            # jitter buffer (transport/webrtc/jitter.py: none on a clean link, at most 3); the rest
+            # of the reply, seconds, never leaves the server
             print(f"reply audio the peer decoded after the clear arrived: {late * 1000:.0f} ms")
             assert late <= 0.25, f"{late:.2f} s of the interrupted reply still arrived after the clear"
             assert any(e["type"] == "interrupted" for e in peer.events)
@@ -197,14 +203,36 @@ async def test_a_vanished_peer_releases_every_task_and_track_within_10s():
 async def test_the_reply_track_paces_real_time_and_clear_drops_what_it_holds():
     track = ReplyAudioTrack()
     track.push(7, np.full(48000, 1000, np.int16))  # 1 s
-    frames = [await track.recv() for _ in range(5)]
+    frames = [await track._next_frame() for _ in range(5)]
     assert all(f.samples == FRAME and f.sample_rate == 48000 for f in frames)
     assert [f.pts for f in frames] == [i * FRAME for i in range(5)]
     assert track.clear() == 48000 - 5 * FRAME
-    nxt = await track.recv()
+    nxt = await track._next_frame()
     assert not np.frombuffer(bytes(nxt.planes[0]), np.int16)[:FRAME].any(), "audio after the clear"
     with pytest.raises(OverflowError):
         track.push(8, np.zeros(48000 * 11, np.int16))  # bounded: 10 s at most
+
+
+async def test_the_reply_track_hands_the_sender_opus_packets_encoded_off_the_loop():
+    from aiortc.codecs.opus import OpusDecoder
+    from aiortc.jitterbuffer import JitterFrame
+
+    track = ReplyAudioTrack()
+    tone = (8000 * np.sin(2 * np.pi * 440 * np.arange(48000) / 48000)).astype(np.int16)
+    track.push(1, tone)
+    loop_thread = threading.get_ident()
+    threads = set()
+    encode = track._encoder.encode
+    track._encoder.encode = lambda *a: (threads.add(threading.get_ident()), encode(*a))[1]
+    packets = [await track.recv() for _ in range(10)]
+    assert [p.pts for p in packets] == [i * FRAME for i in range(10)]
+    assert threads and loop_thread not in threads, "Opus was encoded on the event loop"
+    decoder = OpusDecoder()
+    pcm = np.concatenate([f.to_ndarray().reshape(-1, 2)[:, 0] for p in packets
+                          for f in decoder.decode(JitterFrame(bytes(p), p.pts))])
+    assert pcm.size == 10 * FRAME
+    assert np.sqrt(np.mean(pcm[FRAME:].astype(np.float64) ** 2)) > 2000  # the tone, through Opus
+    track.stop()
 
 
 def reply_handed_off(peer, track: ReplyAudioTrack, quiet_s: float = 0.5) -> bool:
@@ -312,3 +340,55 @@ async def test_a_peer_that_stops_reading_costs_the_server_no_memory():
         assert len(transport._control) == 256 and transport.dropped_events == 10_044
     finally:
         await transport.close()
+
+
+def jitter_lags(order, **options):
+    """Feed packets in `order` (sequence numbers, which wrap at 2**16) to an AudioJitterBuffer:
+    the buffer, the frames it gave out, and each one's lag (packets that arrived after it)."""
+    jb = AudioJitterBuffer(**options)
+    out, lags, newest = [], [], None
+    for seq in order:
+        packet = RtpPacket(sequence_number=seq % 65536, timestamp=seq * FRAME % 2**32)
+        packet._data = seq.to_bytes(4, "big")
+        newest = seq if newest is None else max(newest, seq)
+        _, frame = jb.add(packet)
+        if frame is not None:
+            got = int.from_bytes(frame.data, "big")
+            out.append(got)
+            lags.append(newest - got)
+    return jb, out, lags
+
+
+def test_the_mic_jitter_buffer_gives_each_packet_out_at_once_and_caps_its_lag():
+    # a clean link, across the sequence numbers' wrap: every packet out as it comes
+    jb, out, lags = jitter_lags(range(65500, 65600))
+    assert out == list(range(65500, 65600)) and set(lags) == {0}
+    # one packet lost: given up after two more came; one frame of lag left, not 14 (aiortc's)
+    kept = [s for s in range(100) if s != 30]
+    jb, out, lags = jitter_lags(kept)
+    assert jb.lost == 1 and out == kept[:len(out)] and len(out) >= len(kept) - 1  # the last one waits
+    assert max(lags) <= 2 and lags[-1] <= 1, lags
+    # reordering by one: nothing lost, in order
+    order = list(range(100))
+    order[40], order[41] = 41, 40
+    jb, out, lags = jitter_lags(order)
+    assert out == list(range(len(out))) and len(out) >= 99 and jb.lost == 0
+    # a burst (five packets held up, then all at once) and duplicates: the lag stays capped
+    order = list(range(50)) + [49, 48] + [50, 51, 57, 56, 55, 54, 53, 52] + list(range(58, 100))
+    jb, out, lags = jitter_lags(order)
+    assert max(lags) <= jb.max_lag and out == sorted(set(out)), (lags, out)
+    assert len(out) >= 95, out  # a frame or two dropped to catch up, once
+    with pytest.raises(ValueError):
+        AudioJitterBuffer(max_wait=5, max_lag=3)
+
+
+async def test_the_low_latency_jitter_buffer_is_installed_on_aiortc_receivers():
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    try:
+        pc.addTransceiver("audio")
+        pc.createDataChannel("events")
+        # fails if a later aiortc has moved its receiver's buffer (then +80 ms on every mic frame)
+        assert use_low_latency_audio(pc) == 1
+        assert isinstance(pc.getTransceivers()[0].receiver._RTCRtpReceiver__jitter_buffer, AudioJitterBuffer)
+    finally:
+        await pc.close()

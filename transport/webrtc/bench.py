@@ -5,12 +5,22 @@
 
 Each turn is a fresh conversation that says the same question (flite, or --wav) at real time
 and waits for the reply. Mouth-to-ear, measured at the client: the frame holding the question's
-last speech sample sent -> the first reply audio the client can play (WebSocket: the first
-reply audio message received, which the page plays at once; WebRTC: the first frame out of
-aiortc's jitter buffer and Opus decoder that is not silence). Its server part varies with the models from turn to
-turn, so the transport's own share is reported too: mouth-to-ear minus the server's
-voice-to-voice for the same turn. p50 over the turns. Traffic: only to the URL given, and the
-WebRTC peer gathers --ice-host addresses only (default 127.0.0.1).
+last speech sample sent -> the reply's first audio at the client (WebSocket: its first audio
+message, which the page plays at once; WebRTC: the frame the server announced as the reply's
+first one handed to RTP, by its RTP time, out of the client's jitter buffer and Opus decoder).
+Its server part varies with the models from turn to turn, so the transport's own share is
+reported too: mouth-to-ear minus the server's voice-to-voice for the same turn (the stages of
+which are printed, p50). On a loopback URL the share splits into uplink, the server's pacing,
+RTP and downlink (see `turn_figures`). p50 over the turns.
+
+The WebRTC client decodes packets as they come (`--client-jitter low`), so its figure is the
+transport's alone; a browser adds its NetEq delay (the page logs it: `jitter_buffer` events),
+which grows with how unevenly the packets arrive: printed as the reply's arrival jitter (p95).
+The client shares the machine's cores with the server (aiortc costs it ~12% of a core per
+conversation, the WebSocket client ~3%), which slows the server's stages a little under WebRTC.
+
+Traffic: only to the URL given, and the WebRTC peer gathers --ice-host addresses only (default
+127.0.0.1).
 """
 from __future__ import annotations
 
@@ -23,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -62,26 +73,85 @@ def server_v2v(events: list[dict]) -> float | None:
                  if e.get("type") == "latency" and e.get("voice_to_voice_ms") is not None), None)
 
 
-async def websocket_turn(base: str, audio: np.ndarray, end_s: float) -> tuple[float | None, float | None]:
+STAGES = ("endpoint_ms", "asr_final_ms", "llm_ttft_ms", "tts_first_chunk_ms", "send_ms")
+
+
+def turn_figures(events: list[dict], client_end: float | None, heard: float | None,
+                 handoff_ms: float | None, same_clock: bool) -> dict:
+    """One turn's figures (ms). mouth-to-ear = client's end of speech -> reply heard; the server's
+    voice-to-voice = its end of speech -> first reply audio handed to the transport; transport =
+    the difference. On one machine (a loopback URL: client and server read the same monotonic
+    clock, time.perf_counter) the transport share splits exactly into uplink (the client's end of
+    speech -> the server's reading of it: encoding, the wire, the server's jitter buffer, decoding,
+    resampling, the VAD) and downlink (the first audio handed to the transport -> heard), and over
+    WebRTC the downlink into pacing (-> the track hands that audio to the encoder, RTP) and rtp
+    (-> the client has decoded it: Opus both ways, the wire, the client's jitter buffer)."""
+    v2v = server_v2v(events)
+    m2e = (heard - client_end) * 1000.0 if heard is not None and client_end is not None else None
+    latency = next((e for e in events if e.get("type") == "latency" and e.get("voice_to_voice_ms") is not None), {})
+    out = {"mouth_to_ear_ms": m2e, "server_v2v_ms": v2v,
+           "transport_ms": m2e - v2v if m2e is not None and v2v is not None else None,
+           **{k: latency.get(k) for k in STAGES}}
+    endpoint = next((e for e in events if e.get("type") == "endpoint"), None)
+    if same_clock and endpoint is not None and v2v is not None and m2e is not None:
+        first_out = endpoint["speech_end_ms"] + v2v
+        out["uplink_ms"] = endpoint["speech_end_ms"] - client_end * 1000.0
+        out["downlink_ms"] = heard * 1000.0 - first_out
+        if handoff_ms is not None:
+            out["pacing_ms"] = handoff_ms - first_out
+            out["rtp_ms"] = heard * 1000.0 - handoff_ms
+    return out
+
+
+async def websocket_turn(base: str, audio: np.ndarray, end_s: float, same_clock: bool) -> dict:
     ws_url = base.replace("http://", "ws://").replace("https://", "wss://") + "/ws"
     c = await converse(ws_url, audio, RATE, speech_end_s=end_s, pad_s=30.0,
                        until=lambda c: reply_done(c) and server_v2v(c.events) is not None, reply_timeout=60)
-    return c.voice_to_voice_ms, c.server_voice_to_voice_ms
+    # converse's times are loop.time(), time.monotonic(): the same clock as perf_counter on Linux
+    return turn_figures(c.events, c.speech_end_sent, c.first_audio, None, same_clock)
 
 
-async def webrtc_turn(base: str, audio: np.ndarray, end_s: float, hosts: list[str],
-                      timeout: float = 60.0) -> tuple[float | None, float | None]:
-    peer = await connect(base, audio, RATE, ice_hosts=hosts, speech_end_s=end_s)
+def arrival_jitter_p95_ms(peer, window: int = 100) -> float | None:
+    """How unevenly the reply track's frames reached the client (decoded): each frame's arrival
+    less its RTP time, above the earliest such over the 2 s before it (a stall that the track
+    gives up on shifts the stream for good; that is not jitter). What a browser's NetEq sizes its
+    delay by."""
+    offsets = np.array([at - pts / 48000 for (at, _), pts in zip(peer.audio, peer.audio_pts)][50:])
+    if offsets.size <= window:
+        return None
+    floor = np.array([offsets[max(0, i - window):i + 1].min() for i in range(offsets.size)])
+    return float(np.percentile(offsets - floor, 95) * 1000)
+
+
+async def webrtc_turn(base: str, audio: np.ndarray, end_s: float, hosts: list[str], same_clock: bool,
+                      timeout: float = 60.0, client_jitter: str = "low") -> dict:
+    peer = await connect(base, audio, RATE, ice_hosts=hosts, speech_end_s=end_s,
+                         low_latency_audio=client_jitter == "low")
     try:
         deadline = time.perf_counter() + audio.size / RATE + timeout
+        heard = None
         while time.perf_counter() < deadline:
             end = peer.mic.speech_end
-            # the first frame that is not silence, as the WebSocket side counts the first message
+            # the first frame that is not silence; then the reply's first frame by its RTP time
             heard = peer.first_loud_after(end, level=AUDIBLE) if end is not None else None
             if heard is not None and server_v2v(peer.events) is not None:
-                return (heard - end) * 1000.0, server_v2v(peer.events)
+                break
             await asyncio.sleep(0.02)
-        return None, server_v2v(peer.events)
+        else:
+            heard = None
+        # the reply's first piece handed to RTP (the server announces each one on the channel)
+        ep = next((i for i, e in enumerate(peer.events) if e.get("type") == "endpoint"), None)
+        first = None if ep is None else next((e for e in peer.events[ep:] if e.get("type") == "audio"
+                                              and e.get("event") == "start"), None)
+        handoff = None if first is None else first["server_ms"]
+        if first is not None and (at := peer.decoded_at(first["rtp"])) is not None:
+            loud = heard
+            heard = at
+            if loud is not None and loud - at > 0.03:
+                print(f"  (its first audible frame came {(loud - at) * 1000:.0f} ms after its first frame)")
+        out = turn_figures(peer.events, peer.mic.speech_end, heard, handoff, same_clock)
+        out["arrival_jitter_p95_ms"] = arrival_jitter_p95_ms(peer)
+        return out
     finally:
         await peer.close()
 
@@ -108,27 +178,35 @@ async def until_admitting(url: str, timeout: float = 60.0) -> None:
         await asyncio.sleep(0.2)
 
 
+PARTS = ("uplink_ms", "server_v2v_ms", "pacing_ms", "rtp_ms", "downlink_ms", "arrival_jitter_p95_ms")
+
+
 async def run(args) -> dict:
     audio, end_s = question_audio(args.wav)
-    out: dict = {}
+    same_clock = urllib.parse.urlsplit(args.url).hostname in ("127.0.0.1", "::1", "localhost")
+    out: dict = {"same_clock": same_clock}
     for name in ("websocket", "webrtc"):
         turns = []
         for _ in range(args.turns):
             await until_admitting(args.url)
             if name == "websocket":
-                m2e, v2v = await websocket_turn(args.url, audio, end_s)
+                t = await websocket_turn(args.url, audio, end_s, same_clock)
             else:
-                m2e, v2v = await webrtc_turn(args.url, audio, end_s, args.ice_host or ["127.0.0.1"])
-            turns.append({"mouth_to_ear_ms": m2e, "server_v2v_ms": v2v,
-                          "transport_ms": m2e - v2v if m2e is not None and v2v is not None else None})
-            print(f"{name:9s} mouth-to-ear {m2e if m2e is None else round(m2e)} ms, "
-                  f"server voice-to-voice {v2v if v2v is None else round(v2v)} ms", flush=True)
-        out[name] = {"turns": turns, "p50_mouth_to_ear_ms": p50([t["mouth_to_ear_ms"] for t in turns]),
-                     "p50_transport_ms": p50([t["transport_ms"] for t in turns])}
+                t = await webrtc_turn(args.url, audio, end_s, args.ice_host or ["127.0.0.1"], same_clock,
+                                      client_jitter=args.client_jitter)
+            turns.append(t)
+            print(f"{name:9s} " + ", ".join(f"{k[:-3]} {fmt(t.get(k))}" for k in ("mouth_to_ear_ms", "transport_ms", *PARTS)
+                                            if k in t), flush=True)
+        out[name] = {"turns": turns, **{f"p50_{k}": p50([t.get(k) for t in turns])
+                                        for k in ("mouth_to_ear_ms", "transport_ms", *PARTS, *STAGES)}}
     ws, rtc = out["websocket"], out["webrtc"]
     if None not in (ws["p50_transport_ms"], rtc["p50_transport_ms"]):
         out["webrtc_extra_ms"] = rtc["p50_transport_ms"] - ws["p50_transport_ms"]
     return out
+
+
+def fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0f} ms"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,16 +215,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--wav", help=f"the question (default: flite says {QUESTION!r})")
     p.add_argument("--ice-host", action="append", help="host candidates of the WebRTC peer (default 127.0.0.1)")
+    p.add_argument("--client-jitter", choices=("low", "aiortc"), default="low",
+                   help="the WebRTC client's jitter buffer: low (packets decoded as they come, so the "
+                        "figure is the transport's; a browser adds its NetEq delay, which the page "
+                        "measures) or aiortc (its own: 4 packets, +80 ms)")
     p.add_argument("--json", help="write every figure here")
     args = p.parse_args(argv)
     res = asyncio.run(run(args))
     for name in ("websocket", "webrtc"):
         r = res[name]
-        f = lambda v: "n/a" if v is None else f"{v:.0f} ms"
-        print(f"{name:9s} p50 mouth-to-ear {f(r['p50_mouth_to_ear_ms'])}, of which transport {f(r['p50_transport_ms'])}"
-              f" ({args.turns} turns)")
+        print(f"{name:9s} p50 mouth-to-ear {fmt(r['p50_mouth_to_ear_ms'])}, of which transport "
+              f"{fmt(r['p50_transport_ms'])} ({args.turns} turns)")
+        if res["same_clock"]:
+            print(f"{'':9s}   p50 uplink {fmt(r['p50_uplink_ms'])} | server {fmt(r['p50_server_v2v_ms'])} ("
+                  + ", ".join(f"{k[:-3]} {fmt(r['p50_' + k])}" for k in STAGES) + ") | "
+                  + (f"pacing {fmt(r['p50_pacing_ms'])}, rtp {fmt(r['p50_rtp_ms'])}, " if name == "webrtc" else "")
+                  + f"downlink {fmt(r['p50_downlink_ms'])}"
+                  + (f"; the reply's arrival jitter p95 {fmt(r['p50_arrival_jitter_p95_ms'])}" if name == "webrtc" else ""))
     if "webrtc_extra_ms" in res:
-        print(f"WebRTC adds {res['webrtc_extra_ms']:+.0f} ms over WebSocket (Opus, pacing, jitter buffer)")
+        print(f"WebRTC adds {res['webrtc_extra_ms']:+.0f} ms over WebSocket (Opus, pacing, jitter buffers)")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return 0

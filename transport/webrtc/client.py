@@ -24,6 +24,7 @@ from aiortc.rtcconfiguration import RTCBundlePolicy
 
 from transport.audio import float_to_int16, resample
 from transport.webrtc.ice import host_addresses
+from transport.webrtc.jitter import use_low_latency_audio
 
 RATE = 48000
 FRAME = 960  # 20 ms
@@ -72,6 +73,7 @@ class Peer:
     events: list[dict] = field(default_factory=list)
     event_times: list[float] = field(default_factory=list)  # when each event came
     audio: list[tuple[float, np.ndarray]] = field(default_factory=list)  # (decoded at, mono float @48k)
+    audio_pts: list[int] = field(default_factory=list)  # each decoded frame's RTP time from the first (48 kHz)
     tasks: list[asyncio.Task] = field(default_factory=list)
     channel: object = None
 
@@ -84,6 +86,11 @@ class Peer:
             if at > t and a.size and float(np.sqrt(np.mean(a ** 2))) > level:
                 return at
         return None
+
+    def decoded_at(self, rtp: int) -> float | None:
+        """When the frame the server handed to RTP at `rtp` (its "audio" event) was decoded here:
+        aiortc counts a track's RTP time from its first packet, and so does our track."""
+        return next((at for (at, _), pts in zip(self.audio, self.audio_pts) if pts >= rtp), None)
 
     def send(self, obj: dict) -> None:
         self.channel.send(json.dumps(obj))
@@ -113,6 +120,7 @@ async def _read(track, peer: Peer) -> None:
         except MediaStreamError:
             return
         x = frame.to_ndarray().reshape(-1, len(frame.layout.channels)).astype(np.float32).mean(axis=1) / 32768
+        peer.audio_pts.append(frame.pts)
         peer.audio.append((time.perf_counter(), x))
 
 
@@ -123,12 +131,17 @@ def _on_message(peer: Peer, message: str) -> None:
 
 async def connect(base_url: str, clip: np.ndarray | None = None, rate: int = 16000, *,
                   ice_hosts: Sequence[str] | None, speech_end_s: float | None = None,
-                  hello: dict | None = None, data_channel: bool = True, token: str | None = None) -> Peer:
+                  hello: dict | None = None, data_channel: bool = True, token: str | None = None,
+                  low_latency_audio: bool = True) -> Peer:
     """Offer to `base_url`/webrtc/offer (http://HOST:PORT) and start talking; RuntimeError with
-    the server's answer when it refuses."""
+    the server's answer when it refuses. `low_latency_audio`: the reply track's packets are
+    decoded as they come (transport/webrtc/jitter.py), so the arrival times are the transport's
+    alone; False keeps aiortc's jitter buffer (80 ms later)."""
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[], bundlePolicy=RTCBundlePolicy.MAX_BUNDLE))
     peer = Peer(pc, ClipTrack(clip, rate, speech_end_s))
     pc.addTrack(peer.mic)
+    if low_latency_audio:
+        use_low_latency_audio(pc)
     pc.on("track", lambda track: peer.tasks.append(asyncio.create_task(_read(track, peer))))
     if data_channel:
         peer.channel = ch = pc.createDataChannel("events")

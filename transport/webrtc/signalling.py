@@ -23,6 +23,7 @@ from transport.admission import Admission
 from transport.base import Transport
 from transport.credentials import header
 from transport.webrtc.ice import check_hosts, configuration, host_addresses, ice_server
+from transport.webrtc.jitter import use_low_latency_audio
 from transport.webrtc.transport import WebRTCTransport
 
 log = logging.getLogger("duplex.webrtc")
@@ -103,6 +104,7 @@ class WebRTCOffers:
             async with asyncio.timeout(self.options.negotiate_timeout_s):
                 with host_addresses(self.options.ice_hosts):
                     await pc.setRemoteDescription(offer)
+                    use_low_latency_audio(pc)  # the mic's frames go to the VAD as they come
                     pc.addTrack(transport.track)
                     await pc.setLocalDescription(await pc.createAnswer())
         except Exception as exc:  # noqa: BLE001 - a bad offer (aiortc raises many kinds): 400, no session

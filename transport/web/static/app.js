@@ -181,7 +181,7 @@ function closeWebRTC() {
 
 // How long a frame waits in the receiver before it plays: the jitter buffer's recent average
 // (getStats), plus half the round trip. Played marks are the server's RTP handoff time plus this.
-let lastJitter = null;
+let lastJitter = null, loggedJitterMs = null;
 async function measurePlayoutDelay() {
   if (!pc) return;
   const stats = await pc.getStats();
@@ -190,6 +190,9 @@ async function measurePlayoutDelay() {
     if (lastJitter && s.jitterBufferEmittedCount > lastJitter.n) {
       const jb = (s.jitterBufferDelay - lastJitter.d) / (s.jitterBufferEmittedCount - lastJitter.n);
       playoutDelayMs = 1000 * jb + (isFinite(bestRtt) ? bestRtt / 2 : 0);
+      // logged when it moves by 5 ms or more: what NetEq adds to mouth-to-ear (not the server)
+      const ms = Math.round(1000 * jb);
+      if (loggedJitterMs === null || Math.abs(ms - loggedJitterMs) >= 5) record({ type: "jitter_buffer", ms: (loggedJitterMs = ms) });
     }
     lastJitter = { d: s.jitterBufferDelay, n: s.jitterBufferEmittedCount };
   });
