@@ -134,9 +134,10 @@ def cmd_serve(args) -> int:
     import signal
 
     from agent.load import LoadPolicy
-    from agent.serving import ServeConfig, Server
+    from agent.serving import ServeConfig, Server, steady_malloc
     from transport.telephony.signatures import carrier_guards, unguarded_routes
 
+    steady_malloc()
     models = _load(args)
     guards = carrier_guards(twilio_auth_token=args.twilio_auth_token, plivo_auth_token=args.plivo_auth_token,
                             vonage_signature_secret=args.vonage_signature_secret,

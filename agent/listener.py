@@ -127,9 +127,11 @@ class ListenerConfig:
 
 class Listener:
     def __init__(self, recognizer: StreamingRecognizer, vad, eou, config: ListenerConfig, tracer,
-                 emit: Callable[[ListenerEvent], Awaitable[None]], turn: Callable[[], int] = lambda: 0):
+                 emit: Callable[[ListenerEvent], Awaitable[None]], turn: Callable[[], int] = lambda: 0,
+                 echo: Callable[[str], bool] = lambda text: False):
         self.recognizer, self._vad, self.eou, self.config, self.tracer = recognizer, vad, eou, config, tracer
         self._emit = emit
+        self._echo = echo  # is this transcript the bot's own voice heard back (agent/echo.py)?
         self._turn = turn  # the index of the turn being spoken, for the trace
         turns = config.turns
         if turns.endpointing == "combined" and not hasattr(eou, "text_probability"):
@@ -336,12 +338,20 @@ class Listener:
             text_p = self._text_p[2]
         await self._run_commands(self.turns.on_transcript(self.t_audio, ends_sentence(text), text_p, t_end))
 
+    def _is_echo(self, text: str) -> bool:
+        if not self._echo(text):
+            return False
+        self.tracer.instant(Stage.TURN, Ev.ECHO, turn=self._turn(), text=text)
+        return True
+
     async def _final_transcript(self, until: float, previous: asyncio.Task | None, turn: int) -> None:
         if previous is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await previous
         with self.tracer.span(Stage.ASR, Ev.FINAL_DECODE, turn=turn):
             text, words = await self._transcript_until(until, take=True)
+        if text and self._is_echo(text):
+            text, words = "", ()  # the bot's own words: no interruption, no turn to answer
         commands = self.turns.on_final(time.perf_counter(), text)
         # noise or backchannels over the bot are no turn to answer
         keep = any(ch.isalnum() for ch in text) and not any(isinstance(c, DiscardTranscript) for c in commands)
@@ -383,7 +393,8 @@ class Listener:
                 elif isinstance(ev, Partial):
                     self.tracer.instant(Stage.ASR, Ev.PARTIAL, turn=self._turn(), text=ev.text)
                     await self._emit(HeardPartial(ev.text, ev.stable_text))
-                    await self._run_commands(self.turns.on_words(self.t_audio, ev.text))
+                    own = self._is_echo(ev.text)
+                    await self._run_commands(self.turns.on_words(self.t_audio, "" if own else ev.text))
                     await self._state_changed()
                 elif isinstance(ev, Gap):
                     log.warning("recognizer gap %.2f-%.2f s: %s", ev.start_s, ev.end_s, ev.reason)

@@ -203,14 +203,31 @@ class Server:
         return True
 
 
-def _malloc_trim():
+def _glibc(name: str):
     try:
-        return ctypes.CDLL(None).malloc_trim
+        return getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):  # not glibc
         return None
 
 
-_TRIM = _malloc_trim()
+_TRIM = _glibc("malloc_trim")
+_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8  # glibc's mallopt parameters
+
+
+def steady_malloc(mmap_threshold: int = 128 * 1024, arenas: int = 2) -> None:
+    """Call before the models load, in a process that serves for hours. glibc raises its mmap
+    threshold each time a large block is freed (up to 32 MB), after which audio buffers and model
+    scratch come from the heaps, where buffers of ever new sizes fragment them; and it gives each
+    of the many model threads an arena of its own. A fixed threshold (large blocks go back to the
+    system when freed) and two arenas held a soak's RSS steady (README, Serving). The user's own
+    MALLOC_* settings win."""
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
+        return
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
+    if "MALLOC_ARENA_MAX" not in os.environ:
+        mallopt(_M_ARENA_MAX, arenas)
 
 
 def release_cycles() -> None:

@@ -15,6 +15,7 @@ import time
 from collections import deque
 
 from agent import listener as heard
+from agent.echo import is_echo
 from agent.history import History
 from agent.config import DEFAULT_SYSTEM_PROMPT, Models, SessionConfig  # noqa: F401 - the session's API
 from agent.listener import Listener
@@ -46,7 +47,7 @@ class Session:
         self.records = TurnLog()
         self._history = History(self.config.max_history_messages, on_new_prefix=lambda: self._warm(""))
         self.listener = Listener(models.asr, models.vad_factory(), models.eou, self.config.listener(), self.tracer,
-                                 self._on_heard, turn=lambda: len(self.records))
+                                 self._on_heard, turn=lambda: len(self.records), echo=self._is_echo)
         self.replies = Replies(self._new_reply, self._history, self.records, transport, self.tracer)
         self._awaiting_final: deque[TurnRecord] = deque(maxlen=8)  # turns ended, transcript to come
         self._warm_task: asyncio.Task | None = None
@@ -216,6 +217,12 @@ class Session:
 
     async def reply_audible(self, reply: Reply) -> None:
         await self.listener.reply_started()
+
+    def _is_echo(self, text: str) -> bool:
+        """`text`, heard while a reply is on, is the bot's own voice come back. Once it has
+        ended, nothing is: a user's answer often repeats a word of the question."""
+        reply = self.replies.current
+        return reply is not None and is_echo(text, reply.playout.sent_text())
 
     async def reply_finished(self, reply: Reply) -> None:
         rec = reply.record

@@ -132,6 +132,7 @@ class Ev:
     # the reply's audio stopped and the far end was told to drop its buffer (speech_to_clear_ms:
     # from the first frame of the user's speech over the bot)
     REPLY_PAUSED = "reply_paused"
+    ECHO = "echo"  # words over the bot that were its own, heard back (text: what was heard)
     INTERRUPTED = "interrupted"
     RESUME = "resume"
     GREETING = "greeting"

@@ -270,6 +270,18 @@ async def test_a_backchannel_over_the_bot_resumes_it_and_is_not_answered(tmp_pat
     assert session.history[-1] == {"role": "assistant", "content": LONG}
 
 
+async def test_the_bots_own_words_heard_back_resume_it(tmp_path):
+    """An echo the far end's canceller let through: the recognizer hears the story's own first
+    words over it. The bot pauses at the sound, as for any speech, but resumes: no interruption."""
+    turns, script = story_then(burst(0.6, seed=7), "Once upon a time")
+    llm = ScriptedLLM(LONG)
+    session, far, _, tracer = await converse(tmp_path, turns, script, llm)
+    assert trace(tracer, Ev.ECHO) and trace(tracer, Ev.RESUME)
+    assert not session.records[0].interrupted and len(llm.requests) == 1
+    assert [r.user_text for r in session.records] == ["tell me a story", ""]
+    assert session.history[-1] == {"role": "assistant", "content": LONG}
+
+
 async def test_noise_that_goes_on_keeps_the_reply_paused_until_it_ends(tmp_path):
     turns, script = story_then(burst(3.0, seed=5), "")
     llm = ScriptedLLM(LONG)
