@@ -26,7 +26,6 @@ class SessionConfig:
     first_chunk_words: int = 2
     playout_lead_s: float = 0.4
     piece_s: float = 0.1
-    text_queue: int = 8
     speculate: bool = True  # start ASR final + LLM + TTS at a pause, before the turn is confirmed
     # spoken when the far end's audio first arrives (a phone line or the page's microphone is
     # live); the context keeps it as the assistant's first message (what was heard of it)
@@ -42,7 +41,7 @@ class SessionConfig:
 
     def reply(self) -> ReplyConfig:
         return ReplyConfig(self.mode, self.max_tokens, self.first_chunk_words, self.playout_lead_s, self.piece_s,
-                           self.text_queue, llm_timeout_s=self.llm_timeout_s, apology=self.llm_apology)
+                           llm_timeout_s=self.llm_timeout_s, apology=self.llm_apology)
 
     def listener(self) -> ListenerConfig:
         return ListenerConfig(self.turns, self.max_speculations_per_turn, self.final_pad_s)

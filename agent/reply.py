@@ -62,7 +62,6 @@ class ReplyConfig:
     first_chunk_words: int = 2
     playout_lead_s: float = 0.4  # audio sent ahead of real time; bounds the far end's buffer
     piece_s: float = 0.1  # size of each audio message
-    text_queue: int = 8  # LLM -> TTS chunks in flight
     # bound on each wait for the LLM's next token, the first one included (None: no bound)
     llm_timeout_s: float | None = None
     apology: str = LLM_APOLOGY  # spoken after an LLM failure ("": nothing is said)
@@ -410,7 +409,11 @@ class Reply:
 
     async def _stages(self) -> None:
         rec, cfg, tr = self.record, self.config, self.tracer
-        text_q: asyncio.Queue = asyncio.Queue(maxsize=cfg.text_queue)
+        # LLM -> TTS: room for the whole answer (a chunk holds a token at least), so the LLM, one
+        # model context for every conversation, waits on the voice only for the first chunk; a
+        # long story told at the pace of its audio kept it waiting past the bridge's 30 s, which
+        # takes such a stream for abandoned (llm/bridge.py)
+        text_q: asyncio.Queue = asyncio.Queue(maxsize=cfg.max_tokens + 1)
         tr.instant(Stage.LLM, Ev.REQUEST, turn=rec.index, flow=rec.index + 1)
         tokens = rec.tokens
         waterfall = cfg.mode == "waterfall"

@@ -10,18 +10,15 @@ keeps only the words that were played.
 """
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers import say, silence
+from pulse_rig import private_pulseaudio, require_pulseaudio
 
 RATE = 16000
 BLOCK = 320  # 20 ms
@@ -32,29 +29,13 @@ STORYTELLER = ("You are a storyteller. Answer every request with a long, detaile
 @pytest.fixture(scope="module")
 def sound_server(tmp_path_factory):
     """A private PulseAudio: microphone = a FIFO, speaker = a null sink; yields (env, fifo)."""
-    if not (shutil.which("pulseaudio") and shutil.which("parec")):
-        if os.environ.get("CI"):
-            pytest.fail("pulseaudio and parec are missing: scripts/setup.sh installs them")
-        pytest.skip("pulseaudio is not installed (scripts/setup.sh installs it)")
+    require_pulseaudio()
     d = tmp_path_factory.mktemp("pulse")
-    fifo, sock = d / "mic.fifo", d / "native"
-    (d / "pa.conf").write_text(
-        "load-module module-null-sink sink_name=speaker\n"
-        f"load-module module-pipe-source source_name=mic file={fifo} format=s16le rate={RATE} channels=1\n"
-        f"load-module module-native-protocol-unix auth-anonymous=1 socket={sock}\n"
-        "set-default-sink speaker\nset-default-source mic\n")
-    env = dict(os.environ, PULSE_RUNTIME_PATH=str(d / "runtime"), PULSE_SERVER=f"unix:{sock}")
-    daemon = subprocess.Popen(["pulseaudio", "-n", "-F", str(d / "pa.conf"), "--daemonize=no",
-                               "--exit-idle-time=-1", "--disallow-exit"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=open(d / "pulse.log", "w"))
-    deadline = time.time() + 15
-    while not (sock.exists() and fifo.exists()) and time.time() < deadline:
-        assert daemon.poll() is None, (d / "pulse.log").read_text()[-2000:]
-        time.sleep(0.1)
-    assert sock.exists() and fifo.exists(), (d / "pulse.log").read_text()[-2000:]
-    yield env, fifo
-    daemon.terminate()
-    daemon.wait(10)
+    fifo = d / "mic.fifo"
+    with private_pulseaudio(d, "load-module module-null-sink sink_name=speaker\n"
+                            f"load-module module-pipe-source source_name=mic file={fifo} format=s16le rate={RATE} channels=1\n"
+                            "set-default-sink speaker\nset-default-source mic\n", wait_for=(fifo,)) as env:
+        yield env, fifo
 
 
 def test_a_session_that_falls_behind_loses_the_oldest_mic_audio_not_played_marks():

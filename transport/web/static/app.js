@@ -1,6 +1,6 @@
 // duplex page. Two transports, the same JSON events:
 //  - WebRTC (default): the mic as an Opus track, the reply as an Opus track played by an <audio>
-//    element (the output the browser's echo canceller covers; Web Audio output it does not),
+//    element (the output every browser's echo canceller covers; Web Audio output not always),
 //    events on a data channel;
 //  - WebSocket (?transport=ws, and when WebRTC fails): mic worklet -> PCM frames -> server;
 //    server PCM -> flushable player worklet.
