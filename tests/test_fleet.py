@@ -194,6 +194,10 @@ class Fleet:
                                         capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
         self.haproxy = Proc("haproxy", ["haproxy", "-db", "-f", str(cfg)], self.tmp, self.stats_port)
+        await self.all_up()
+
+    async def all_up(self) -> None:
+        """Until HAProxy's health checks have every worker UP."""
         up = {w.name: "UP" for w in self.workers}
         assert await poll(self.server_states, lambda v: v == up, 30) == up
 
@@ -389,6 +393,7 @@ async def test_fleet_behind_haproxy_shares_fails_over_and_drains(fleet, tmp_path
     assert await poll(lambda: sessions_by_worker(fleet), lambda v: v == [0, 0], 20) == [0, 0]
     served_by = [metric(await w.metrics(), "duplex_sessions_total", result="served") for w in fleet.workers]
     assert served_by == [PER_WORKER] * 2, served_by
+    await fleet.all_up()  # full, both were marked down; HAProxy refuses callers until it sees them up
 
     # 2. a replica SIGKILLed while its callers are mid-utterance: the next turn is understood
     callers = [Caller(fleet, [audio[4], audio[1]]), Caller(fleet, [audio[5], audio[0]])]
@@ -415,6 +420,8 @@ async def test_fleet_behind_haproxy_shares_fails_over_and_drains(fleet, tmp_path
     assert sum(metric(m, "duplex_recognizer_gap_seconds_total") for m in pool) > 0
     await hang_up(callers, tasks)
     assert await poll(lambda: streams_by_replica(fleet), lambda v: v == [0], 20) == [0]
+    assert await poll(lambda: sessions_by_worker(fleet), lambda v: v == [0, 0], 20) == [0, 0]
+    await fleet.all_up()
 
     # 3. a worker SIGTERMed during a conversation finishes it and takes no new one
     first = Caller(fleet, [audio[2]])
