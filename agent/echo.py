@@ -10,13 +10,9 @@ is the price (rare: they can say something else). Once the reply has ended nothi
 """
 from __future__ import annotations
 
-import re
 from difflib import SequenceMatcher
 
-
-def words(text: str) -> list[str]:
-    """Lowercase words, punctuation aside."""
-    return [w for w in (re.sub(r"[^\w']", "", w).lower() for w in text.split()) if w]
+from asr.wer import normalize
 
 
 def is_echo(heard: str, said: str, recent_words: int = 30, share: float = 0.6, single_within: int = 8) -> bool:
@@ -24,7 +20,7 @@ def is_echo(heard: str, said: str, recent_words: int = 30, share: float = 0.6, s
     at least `share` of its words are one contiguous run of the last `recent_words` said. One
     word alone counts only among the last `single_within` (a real "stop" may be anywhere in a
     story)."""
-    h, s = words(heard), words(said)[-recent_words:]
+    h, s = normalize(heard), normalize(said)[-recent_words:]
     if not h or not s:
         return False
     if len(h) == 1:
