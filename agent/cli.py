@@ -138,7 +138,6 @@ def cmd_serve(args) -> int:
     from transport.telephony.signatures import carrier_guards, unguarded_routes
 
     steady_malloc()
-    models = _load(args)
     guards = carrier_guards(twilio_auth_token=args.twilio_auth_token, plivo_auth_token=args.plivo_auth_token,
                             vonage_signature_secret=args.vonage_signature_secret,
                             vonage_application_id=args.vonage_application_id, auth_token=args.auth_token,
@@ -152,7 +151,13 @@ def cmd_serve(args) -> int:
                          drain_timeout_s=args.drain_timeout, trace_dir=args.trace_dir, auth_token=args.auth_token,
                          allowed_origins=args.allowed_origin or [], certfile=args.certfile, keyfile=args.keyfile,
                          ice_hosts=args.ice_host or [], ice_servers=args.ice_server or [],
+                         turn_secret=args.turn_secret, turn_ttl_s=args.turn_ttl,
                          listeners=dict(map(_listener, args.listener or [])))
+    try:  # a bad WebRTC setting stops the server here, before the models load
+        config.webrtc_options()
+    except ValueError as exc:
+        raise SystemExit(f"duplex serve: {exc}") from None
+    models = _load(args)
 
     async def serve() -> None:
         server = Server(models, _session_config(args), config, engine=_engine_of(models.asr))
@@ -337,8 +342,18 @@ def main(argv: list[str] | None = None) -> int:
                         "e.g. 127.0.0.1 for a page on this machine); default: every interface's address")
     p.add_argument("--ice-server", action="append", metavar="URL",
                    help="WebRTC: a STUN or TURN server, stun:HOST:PORT or USER:PASSWORD@turn:HOST:PORT"
-                        "?transport=udp (repeatable; aiortc uses the first of each kind). Needed across "
-                        "NATs on the internet; host candidates are enough on a LAN or localhost")
+                        "?transport=udp (repeatable; aiortc uses the first of each kind), or "
+                        "turn:HOST:PORT?transport=udp with --turn-secret. The page gets the same list "
+                        "(GET /webrtc/config), credentials included. Needed across NATs on the internet; "
+                        "host candidates are enough on a LAN or localhost")
+    p.add_argument("--turn-secret", default=os.environ.get("DUPLEX_TURN_SECRET") or None,
+                   help="coturn's static-auth-secret (use-auth-secret): each page and each offer gets "
+                        "credentials of its own for the turn: --ice-server URLs given without any, "
+                        "valid for --turn-ttl. Default: $DUPLEX_TURN_SECRET (the environment keeps it "
+                        "out of ps)")
+    p.add_argument("--turn-ttl", type=float, default=3600.0, metavar="SECONDS",
+                   help="how long --turn-secret credentials may be used to open a relay (default "
+                        "3600); a call that has opened one may outlast them")
     _trace_args(p)
     _model_args(p)
     p.set_defaults(func=cmd_serve)

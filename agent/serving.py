@@ -40,7 +40,8 @@ from transport.telephony.media_streams_ws import MediaStreamTransport
 from transport.telephony.vonage import VonageCall
 from transport.web.access import BrowserAccess
 from transport.web.server import Guard, run_server
-from transport.webrtc.signalling import WebRTCOffers, WebRTCOptions, offer_routes
+from transport.webrtc.ice_servers import DEFAULT_TTL_S, IceServers
+from transport.webrtc.signalling import WebRTCOffers, WebRTCOptions, config_routes, offer_routes
 from tts.base import AudioChunk, known_text
 
 log = logging.getLogger("duplex.serve")
@@ -70,6 +71,13 @@ class ServeConfig:
     listeners: dict[str, Listener] = field(default_factory=dict)  # name -> a transport of your own
     ice_hosts: list[str] = field(default_factory=list)  # WebRTC: the only host candidates gathered
     ice_servers: list[str] = field(default_factory=list)  # WebRTC: STUN/TURN URLs
+    turn_secret: str | None = None  # WebRTC: coturn's static-auth-secret, for turn: URLs without credentials
+    turn_ttl_s: float = DEFAULT_TTL_S  # how long those credentials last
+
+    def webrtc_options(self) -> WebRTCOptions:
+        """ValueError on a bad --ice-host, --ice-server or TURN setting."""
+        return WebRTCOptions(tuple(self.ice_hosts),
+                             IceServers(tuple(self.ice_servers), self.turn_secret, self.turn_ttl_s))
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.certfile is None:
@@ -150,13 +158,13 @@ class Server:
                   for name, d in DIALECTS.items()}
         routes["/vonage"] = lambda ws: MediaStreamTransport(ws, VonageCall())
         web_ready = asyncio.Event()
-        offers = WebRTCOffers(self._conversation, self.admission,
-                              WebRTCOptions(tuple(cfg.ice_hosts), tuple(cfg.ice_servers)))
+        offers = WebRTCOffers(self._conversation, self.admission, cfg.webrtc_options())
         tasks = [asyncio.create_task(run_server(
                      self._conversation, cfg.host, cfg.port, self.models.tts.sample_rate, web_ready,
                      admission=self.admission, routes=routes, http_routes={"/metrics": self.metrics.exposition},
                      access=BrowserAccess.of(cfg.auth_token, cfg.allowed_origins), guards=cfg.guards,
-                     busy=self._busy, ssl=cfg.ssl_context(), post_routes=offer_routes(offers)), name="web"),
+                     busy=self._busy, ssl=cfg.ssl_context(), post_routes=offer_routes(offers),
+                     guarded_routes=config_routes(offers)), name="web"),
                  asyncio.create_task(self.monitor.run(on_lag=self.metrics.loop_lag.observe), name="load")]
         if cfg.audiosocket_port is not None:
             tasks.append(asyncio.create_task(run_audiosocket_server(

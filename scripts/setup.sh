@@ -8,7 +8,7 @@ VENV="$ROOT/.venv"
 PY=${PYTHON:-python3}
 step() { printf '\n\033[1m==> [%s] %s\033[0m\n' "$(date +%H:%M:%S)" "$*"; }
 
-APT_PACKAGES=(chromium flite espeak-ng sox libsndfile1 libportaudio2 gcc haproxy)  # gcc: the SEANet C kernel; haproxy: the fleet test
+APT_PACKAGES=(chromium flite espeak-ng sox libsndfile1 libportaudio2 gcc haproxy coturn)  # gcc: the SEANet C kernel; haproxy: the fleet test; coturn: the TURN relay test (tests/test_webrtc_turn.py)
 # the sound server of the sound-card test, without its desktop recommendations (dbus session, rtkit)
 APT_LEAN_PACKAGES=(pulseaudio pulseaudio-utils libasound2-plugins)
 absent() {

@@ -109,6 +109,9 @@ TransportFactory = Callable[[ServerConnection], Transport]
 HttpRoute = Callable[[], tuple[int, dict[str, str], bytes]]
 # who may open a route: the upgrade request -> None to let it through, or (status, reason) to refuse
 Guard = Callable[[Request], tuple[HTTPStatus, str] | None]
+# a GET answered by the caller's code behind `access`, as /ws (e.g. /webrtc/config): the request
+# -> (status, headers, body)
+GuardedRoute = Callable[[Request], tuple[int, dict[str, str], bytes]]
 # a POST answered by the caller's code (e.g. /webrtc/offer): (request, its body) -> (status,
 # headers, body); guarded by `access` and refused with 503 while `admission` refuses, as /ws
 PostRoute = Callable[[Request, bytes], Awaitable[tuple[int, dict[str, str], bytes]]]
@@ -119,6 +122,13 @@ def _text(status: HTTPStatus, text: str) -> Response:
     return Response(status.value, status.phrase, Headers([("Content-Type", "text/plain; charset=utf-8"),
                                                           ("Content-Length", str(len(body))),
                                                           ("Cache-Control", "no-store")]), body)
+
+
+def _refused(refusal: tuple[HTTPStatus, str]) -> Response:
+    response = _text(*refusal)
+    if refusal[0] == HTTPStatus.UNAUTHORIZED:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
 
 
 def _probe(admission: Admission, path: str) -> Response:
@@ -141,7 +151,8 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
                      http_routes: dict[str, HttpRoute] | None = None,
                      access: BrowserAccess | None = None, guards: dict[str, Guard] | None = None,
                      busy: Handler | None = None, ssl: SSLContext | None = None,
-                     post_routes: dict[str, PostRoute] | None = None) -> None:
+                     post_routes: dict[str, PostRoute] | None = None,
+                     guarded_routes: dict[str, GuardedRoute] | None = None) -> None:
     """Serve until cancelled. `handler(transport)` runs one conversation per WebSocket: the
     browser's at /ws, and one more transport per path in `routes` (a phone media stream, say).
     `admission` (default: 16 at once) refuses conversations beyond it with 503 before the
@@ -149,7 +160,8 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
     signature); `http_routes` answer more GET paths. `busy(transport)` tells a refused phone
     call why (it is let in to hear it) before it is closed. `ssl`: serve HTTPS and WSS.
     `post_routes`: POST paths with a bounded body (transport/web/request_body.py), e.g. the
-    WebRTC offer, behind the same `access` and `admission` as /ws."""
+    WebRTC offer, behind the same `access` and `admission` as /ws. `guarded_routes`: GET paths
+    behind `access` only (the page's WebRTC config: asking for it starts no conversation)."""
     admission = admission or Admission()
     access = access or BrowserAccess()
     guards = {"/ws": access.refusal, **(guards or {})}
@@ -157,6 +169,7 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
                                               **(routes or {})}
     http_routes = http_routes or {}
     post_routes = post_routes or {}
+    guarded_routes = guarded_routes or {}
 
     async def process_post(connection: BodyConnection, request: Request, path: str) -> Response:
         if path not in post_routes or request.method != "POST":
@@ -170,10 +183,7 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
         if refusal is not None:
             log.warning("refused %s %s from %s: %s", request.method, path, connection.remote_address,
                         refusal[1].strip())
-            response = _text(*refusal)
-            if refusal[0] == HTTPStatus.UNAUTHORIZED:
-                response.headers["WWW-Authenticate"] = "Bearer"
-            return response
+            return _refused(refusal)
         status, headers, body = await post_routes[path](request, connection.splitter.body or b"")
         return Response(status, HTTPStatus(status).phrase, Headers(
             [*headers.items(), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]), body)
@@ -189,15 +199,19 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
             refusal = guard(request) if guard is not None else None
             if refusal is not None:
                 log.warning("refused %s from %s: %s", path, connection.remote_address, refusal[1].strip())
-                response = _text(*refusal)
-                if refusal[0] == HTTPStatus.UNAUTHORIZED:
-                    response.headers["WWW-Authenticate"] = "Bearer"
-                return response
+                return _refused(refusal)
             # a page is told before the upgrade; a phone call is let in to hear why (`busy`)
             if (busy is None or path == "/ws") and (reason := admission.refuse()) is not None:
                 log.info("refused a conversation at %s: %s", path, reason)
                 return _text(HTTPStatus.SERVICE_UNAVAILABLE, f"not now: {reason}\n")
             return None
+        if path in guarded_routes:
+            if (refusal := access.refusal(request)) is not None:
+                log.warning("refused %s from %s: %s", path, connection.remote_address, refusal[1].strip())
+                return _refused(refusal)
+            status, headers, body = guarded_routes[path](request)
+            return Response(status, HTTPStatus(status).phrase, Headers(
+                [*headers.items(), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]), body)
         if path in ("/healthz", "/readyz"):
             return _probe(admission, path)
         if path in http_routes:

@@ -4,7 +4,9 @@ and records the reply track's decoded audio and the channel's events, each with 
 time (time.perf_counter()). The tests and `python -m transport.webrtc.bench` use it.
 
 `ice_hosts` limits the host candidates it gathers (transport/webrtc/ice.py): pass
-("127.0.0.1",) to keep every packet on loopback."""
+("127.0.0.1",) to keep every packet on loopback. `ice_servers` are STUN/TURN servers, as
+`fetch_config` reads them from the server's /webrtc/config; `relay_only` gathers only TURN relay
+candidates (a browser's iceTransportPolicy "relay")."""
 from __future__ import annotations
 
 import asyncio
@@ -18,12 +20,13 @@ from dataclasses import dataclass, field
 
 import av
 import numpy as np
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcconfiguration import RTCBundlePolicy
 
 from transport.audio import float_to_int16, resample
-from transport.webrtc.ice import host_addresses
+from transport.webrtc.ice import configuration, host_addresses
+from transport.webrtc.ice_servers import CONFIG_PATH, IceServer
 from transport.webrtc.jitter import use_low_latency_audio
 
 RATE = 48000
@@ -113,6 +116,17 @@ def post(url: str, body: bytes, content_type: str = "application/json", headers:
         return e.code, e.read().decode()
 
 
+def fetch_config(base_url: str, token: str | None = None,
+                 headers: dict | None = None) -> tuple[int, dict | str]:
+    """A blocking GET of `base_url`/webrtc/config: (200, its JSON) or (status, the refusal's text)."""
+    url = base_url + CONFIG_PATH + (f"?token={token}" if token else "")
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=15) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
 async def _read(track, peer: Peer) -> None:
     while True:
         try:
@@ -132,12 +146,15 @@ def _on_message(peer: Peer, message: str) -> None:
 async def connect(base_url: str, clip: np.ndarray | None = None, rate: int = 16000, *,
                   ice_hosts: Sequence[str] | None, speech_end_s: float | None = None,
                   hello: dict | None = None, data_channel: bool = True, token: str | None = None,
-                  low_latency_audio: bool = True) -> Peer:
+                  low_latency_audio: bool = True, ice_servers: Sequence[IceServer] = (),
+                  relay_only: bool = False) -> Peer:
     """Offer to `base_url`/webrtc/offer (http://HOST:PORT) and start talking; RuntimeError with
     the server's answer when it refuses. `low_latency_audio`: the reply track's packets are
     decoded as they come (transport/webrtc/jitter.py), so the arrival times are the transport's
     alone; False keeps aiortc's jitter buffer (80 ms later)."""
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[], bundlePolicy=RTCBundlePolicy.MAX_BUNDLE))
+    config = configuration(ice_servers, relay_only=relay_only)
+    config.bundlePolicy = RTCBundlePolicy.MAX_BUNDLE
+    pc = RTCPeerConnection(config)
     peer = Peer(pc, ClipTrack(clip, rate, speech_end_s))
     pc.addTrack(peer.mic)
     if low_latency_audio:

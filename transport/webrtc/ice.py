@@ -10,7 +10,8 @@ aiortc falls back to Google's STUN server when given no list. So:
   connection negotiated inside the `with` and for no other (other peers in the process keep
   aioice's default);
 - `configuration(servers)` always passes an explicit server list (empty: host candidates only,
-  enough on a LAN or localhost), never aiortc's default.
+  enough on a LAN or localhost), never aiortc's default. The servers and their credentials
+  come from transport/webrtc/ice_servers.py.
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 
 import aioice.ice
-from aiortc import RTCConfiguration, RTCIceServer
+from aiortc import RTCConfiguration, RTCIceServer, RTCIceTransportPolicy
+
+from transport.webrtc.ice_servers import IceServer
 
 _HOSTS: ContextVar[tuple[str, ...] | None] = ContextVar("duplex_ice_hosts", default=None)
 _aioice_host_addresses = aioice.ice.get_host_addresses
@@ -57,20 +60,12 @@ def host_addresses(hosts: Sequence[str] | None) -> Iterator[None]:
         _HOSTS.reset(token)
 
 
-def ice_server(spec: str) -> RTCIceServer:
-    """`stun:HOST:PORT`, or `USER:PASSWORD@turn:HOST:PORT?transport=udp` for a TURN server
-    (aiortc uses the first STUN and the first TURN server given)."""
-    creds, _, url = spec.rpartition("@") if "@" in spec else ("", "", spec)
-    if not url.startswith(("stun:", "turn:", "turns:")):
-        raise ValueError(f"--ice-server needs a stun:, turn: or turns: URL, got {url!r}")
-    if url.startswith("turn") and not creds:
-        raise ValueError(f"a TURN server needs credentials: USER:PASSWORD@{url}")
-    user, _, password = creds.partition(":")
-    return RTCIceServer(url, username=user or None, credential=password or None)
-
-
-def configuration(servers: Sequence[str] = ()) -> RTCConfiguration:
-    return RTCConfiguration(iceServers=[ice_server(s) for s in servers])
+def configuration(servers: Sequence[IceServer] = (), relay_only: bool = False) -> RTCConfiguration:
+    """aiortc's configuration for `servers` (it uses the first STUN and the first TURN one).
+    `relay_only`: gather relay candidates only, as a browser's iceTransportPolicy "relay"."""
+    return RTCConfiguration(
+        iceServers=[RTCIceServer(s.url, username=s.username, credential=s.credential) for s in servers],
+        iceTransportPolicy=RTCIceTransportPolicy.RELAY if relay_only else RTCIceTransportPolicy.ALL)
 
 
 def selected_pairs(pc) -> list[tuple[tuple[str, int], tuple[str, int]]]:

@@ -1,6 +1,8 @@
 """`POST /webrtc/offer`: the page's SDP offer in, our answer out, and a conversation started on
 the new peer connection. The request checks are Sans-I/O (`parse_offer`); `WebRTCOffers` is the
 asyncio shell that negotiates, admits and runs the conversations and closes what they leave.
+`GET /webrtc/config` hands the page the STUN/TURN servers (transport/webrtc/ice_servers.py)
+before it offers.
 
 Only one offer/answer exchange per conversation, no trickle ICE: the answer carries our
 candidates (host ones, gathered in well under a second, and STUN/TURN ones when servers are
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -22,7 +25,8 @@ from websockets.http11 import Request
 from transport.admission import Admission
 from transport.base import Transport
 from transport.credentials import header
-from transport.webrtc.ice import check_hosts, configuration, host_addresses, ice_server
+from transport.webrtc.ice import check_hosts, configuration, host_addresses
+from transport.webrtc.ice_servers import CONFIG_PATH, IceServers
 from transport.webrtc.jitter import use_low_latency_audio
 from transport.webrtc.transport import WebRTCTransport
 
@@ -71,14 +75,12 @@ def _json(status: HTTPStatus, obj: dict) -> tuple[int, dict[str, str], bytes]:
 @dataclass(frozen=True)
 class WebRTCOptions:
     ice_hosts: tuple[str, ...] = ()  # gather only these host addresses (empty: aioice's choice)
-    ice_servers: tuple[str, ...] = ()  # stun:/turn: URLs, see transport/webrtc/ice.py ice_server
+    ice_servers: IceServers = field(default_factory=IceServers)  # STUN/TURN, checked when made
     negotiate_timeout_s: float = 8.0  # under websockets' 10 s for the whole request
     transport: dict = field(default_factory=dict)  # WebRTCTransport's limits
 
     def __post_init__(self):
         check_hosts(self.ice_hosts)
-        for s in self.ice_servers:
-            ice_server(s)
 
 
 class WebRTCOffers:
@@ -86,10 +88,15 @@ class WebRTCOffers:
     closes its peer connection. `close()` ends them all (the server is stopping)."""
 
     def __init__(self, handler: Callable[[Transport], Awaitable[None]], admission: Admission,
-                 options: WebRTCOptions | None = None):
+                 options: WebRTCOptions | None = None, clock: Callable[[], float] = time.time):
         self.handler, self.admission = handler, admission
         self.options = options or WebRTCOptions()
+        self.clock = clock  # unix time: TURN credentials expire by it
         self.conversations: set[asyncio.Task] = set()
+
+    def config(self, request: Request) -> tuple[int, dict[str, str], bytes]:
+        """GET /webrtc/config (behind the same token and Origin checks as the offer)."""
+        return _json(HTTPStatus.OK, self.options.ice_servers.page_config(self.clock()))
 
     async def answer(self, request: Request, body: bytes) -> tuple[int, dict[str, str], bytes]:
         try:
@@ -98,7 +105,8 @@ class WebRTCOffers:
             return _json(exc.status, {"error": str(exc)})
         if (reason := self.admission.enter()) is not None:
             return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"not now: {reason}"})
-        pc = RTCPeerConnection(configuration(self.options.ice_servers))
+        # TURN credentials of its own, fresh for each offer (the page's came from /webrtc/config)
+        pc = RTCPeerConnection(configuration(self.options.ice_servers.at(self.clock())))
         transport = WebRTCTransport(pc, **self.options.transport)
         try:
             async with asyncio.timeout(self.options.negotiate_timeout_s):
@@ -142,5 +150,10 @@ def offer_routes(offers: WebRTCOffers) -> dict[str, Callable]:
     return {OFFER_PATH: offers.answer}
 
 
-__all__ = ["OFFER_PATH", "OfferError", "WebRTCOffers", "WebRTCOptions", "offer_routes", "parse_offer"]
+def config_routes(offers: WebRTCOffers) -> dict[str, Callable]:
+    return {CONFIG_PATH: offers.config}
+
+
+__all__ = ["CONFIG_PATH", "OFFER_PATH", "OfferError", "WebRTCOffers", "WebRTCOptions", "config_routes",
+           "offer_routes", "parse_offer"]
 

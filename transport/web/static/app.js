@@ -116,15 +116,31 @@ async function startWebSocket(why) {
   $("state").textContent = "listening";
 }
 
+// The STUN/TURN servers the server was started with (--ice-server), TURN credentials included
+// (minted for this call when it has --turn-secret); an empty list on a LAN or this machine.
+async function iceConfig() {
+  const r = await fetch("/webrtc/config" + tokenQuery, { cache: "no-store" });
+  if (!r.ok) {
+    const err = new Error((await r.text()).trim() || "no WebRTC config: HTTP " + r.status);
+    err.refused = [401, 403].includes(r.status);  // so would the offer and /ws be
+    throw err;
+  }
+  const servers = (await r.json()).iceServers || [];
+  record({ type: "ice_servers", urls: servers.flatMap((s) => s.urls) });  // not the credentials
+  return servers;
+}
+
 // WebRTC: the mic track goes out, the reply track plays in an <audio> element, events go on a
 // data channel. Throws (the caller falls back to the WebSocket) unless it is up within 10 s.
 async function startWebRTC() {
+  const iceServers = await iceConfig();  // before the mic: a refused page asks for no microphone
   const processing = params.get("aec") !== "0";
   const stream = await navigator.mediaDevices.getUserMedia({ audio: {
     channelCount: 1, echoCancellation: processing, noiseSuppression: processing, autoGainControl: processing } });
   record({ type: "mic_started" });
   micLatencyMs = 1000 * (stream.getAudioTracks()[0].getSettings().latency || 0);
-  pc = new RTCPeerConnection({ iceServers: [] });  // host candidates: a LAN or this machine
+  // ?ice=relay: TURN relay candidates only (to check a TURN server)
+  pc = new RTCPeerConnection({ iceServers, iceTransportPolicy: params.get("ice") === "relay" ? "relay" : "all" });
   dc = pc.createDataChannel("events");
   for (const track of stream.getAudioTracks()) pc.addTrack(track, stream);
   replyAudio = $("reply");
