@@ -135,11 +135,10 @@ class TextTurnScorer:
 
     @classmethod
     def load(cls, model: str = "smollm2-135m", threads: int = 1, **kwargs) -> TextTurnScorer:
-        from llama_cpp import Llama
-
         from llm.bundled import resolve
+        from llm.llamacpp import load_llama
 
-        return cls(Llama(model_path=str(resolve(model)), n_ctx=512, n_threads=threads, verbose=False), **kwargs)
+        return cls(load_llama(resolve(model), n_ctx=512, n_threads=threads), **kwargs)
 
     @staticmethod
     def normalize(text: str) -> str:

@@ -139,7 +139,9 @@ class Listener:
                         "using the rules")
             turns = replace(turns, endpointing="rules")
         self.turns = TurnMachine(turns)
-        self._text_p: tuple[float, str, float] | None = None  # (silence, text, text turn probability)
+        # (silence, text, its text turn probability): one check per silence and text, however
+        # many callers ask (the early transcript and the pause both may)
+        self._text_p: tuple[float, str, asyncio.Task] | None = None
         self.stream: RecognizerStream | None = None
         self._utterances: Utterances | None = None
         self._vad_resampler: StreamResampler | None = None
@@ -184,7 +186,8 @@ class Listener:
 
     async def close(self) -> None:
         self._closing = True
-        await cancel_and_wait(self._early_task, self._final_task, self._eou_task)
+        await cancel_and_wait(self._early_task, self._final_task, self._eou_task,
+                              self._text_p[2] if self._text_p is not None else None)
         if self.stream is not None:
             with contextlib.suppress(Exception):
                 await self.stream.close()
@@ -325,18 +328,29 @@ class Listener:
     async def _on_pause_transcript(self, t_end: float, text: str) -> None:
         """Speculate on the transcript (the session decides whether) and let the turn machine
         judge whether it ends a sentence. Only while the user is silent and the turn not taken."""
-        if (self.turns.in_speech or self.turns.state not in (State.USER_SPEAKING, State.ENDPOINT_PENDING)
-                or not any(ch.isalnum() for ch in text)):
+        def open_turn() -> bool:
+            return not self.turns.in_speech and self.turns.state in (State.USER_SPEAKING, State.ENDPOINT_PENDING)
+
+        if not open_turn() or not any(ch.isalnum() for ch in text):
             return
-        if self._offered != t_end:  # once per silence (before the pause, or at it)
-            self._offered = t_end
-            await self._emit(PauseTranscript(text))
         text_p = None
         if self.turns.config.endpointing == "combined":  # one text turn check per silence and text
+            # before the speculation: beside the reply's LLM it is slower (they share the cores),
+            # and the turn's end waits for it
             if self._text_p is None or self._text_p[:2] != (t_end, text):
-                self._text_p = (t_end, text, await run_in("eou", self.eou.text_probability, text))
-            text_p = self._text_p[2]
+                self._text_p = (t_end, text, _spawn(self._text_turn_check(text), "text-turn"))
+            text_p = await asyncio.shield(self._text_p[2])
+            if not open_turn():
+                return  # the user went on meanwhile
         await self._run_commands(self.turns.on_transcript(self.t_audio, ends_sentence(text), text_p, t_end))
+        # a turn this verdict ended has its final next (the same decode, cached): no speculation
+        if open_turn() and self._offered != t_end:  # once per silence (before the pause, or at it)
+            self._offered = t_end
+            await self._emit(PauseTranscript(text))
+
+    async def _text_turn_check(self, text: str) -> float:
+        with self.tracer.span(Stage.TURN, Ev.TEXT_TURN_CHECK, turn=self._turn()):
+            return await run_in("eou", self.eou.text_probability, text)
 
     def _is_echo(self, text: str) -> bool:
         if not self._echo(text):

@@ -139,6 +139,7 @@ class Ev:
     REPLY_ERROR = "reply_error"
     TURN_END = "turn_end"
     EOU_CHECK = "eou_check"
+    TEXT_TURN_CHECK = "text_turn_check"  # the chat model's end-of-message probability ("combined")
     # asr
     PARTIAL = "partial"
     FINAL = "final"

@@ -52,6 +52,14 @@ def _safe_buffers():
         lib.llama_model_default_params = defaults
 
 
+def load_llama(model_path: str, **kwargs):
+    """A `llama_cpp.Llama` (quiet), safe from the AMX kernels; every GGUF we load comes through here."""
+    from llama_cpp import Llama
+
+    with _safe_buffers():
+        return Llama(model_path=str(model_path), verbose=False, **kwargs)
+
+
 class LlamaCppChat:
     def __init__(self, model_path: str, n_ctx: int = 2048, n_threads: int | None = None,
                  temperature: float = 0.2, max_tokens: int = 96, seed: int = 0, name: str | None = None):
@@ -59,15 +67,9 @@ class LlamaCppChat:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
-        self._llm = self._thread.submit(self._load, model_path, n_ctx, n_threads or os.cpu_count(), seed).result()
+        self._llm = self._thread.submit(load_llama, model_path, n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(),
+                                        seed=seed).result()
         self._lock = threading.Lock()  # one llama context: one generation at a time
-
-    @staticmethod
-    def _load(model_path: str, n_ctx: int, n_threads: int, seed: int):
-        from llama_cpp import Llama
-
-        with _safe_buffers():
-            return Llama(model_path=model_path, n_ctx=n_ctx, n_threads=n_threads, seed=seed, verbose=False)
 
     def _generate(self, messages: list[Message], max_tokens: int, stop: threading.Event):
         with self._lock:
