@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers import wait_until
-from test_browser_e2e import CHROMIUM
+from test_browser_e2e import launch_with_file_mic
 from test_serving import serving
 from test_webrtc_turn import SECRET, coturn
 
@@ -38,12 +38,7 @@ def run_page(url: str, wav: str) -> dict:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--autoplay-policy=no-user-gesture-required", "--allow-loopback-in-peer-connection",
-            "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-            f"--use-file-for-fake-audio-capture={wav}%noloop"])
+        browser = launch_with_file_mic(pw, wav)
         page = browser.new_page()
         page.goto(url + "/?autostart=1&aec=0&transport=webrtc&ice=relay")
         # the reply has played: the page reported its start (a played mark); at most 60 s

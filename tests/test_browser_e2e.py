@@ -73,18 +73,23 @@ def own_network_namespace() -> bool:
         ["unshare", "-rn", "true"], capture_output=True, check=False).returncode == 0
 
 
+def launch_with_file_mic(pw, wav) -> object:
+    """Headless Chromium whose microphone plays `wav` once, at real time (Playwright's `pw`)."""
+    return pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+        "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--autoplay-policy=no-user-gesture-required", "--allow-loopback-in-peer-connection",
+        "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={wav}%noloop"])
+
+
 def run_page(url: str, wav: Path, total_s: float, transport: str) -> list[dict]:
     """Chromium opens the page at `url` over `transport`, speaks `wav` and returns its log."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--autoplay-policy=no-user-gesture-required", "--allow-loopback-in-peer-connection",
-            "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-            f"--use-file-for-fake-audio-capture={wav}%noloop"])
+        browser = launch_with_file_mic(pw, wav)
         page = browser.new_page()
         page.goto(url + f"/?autostart=1&aec=0&transport={transport}")
         page.wait_for_function("window.duplexLog.some(e => e.type === 'mic_started')", timeout=30_000)
