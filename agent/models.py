@@ -11,9 +11,13 @@ from dataclasses import dataclass
 # voice-to-voice). Workers that never spin (OMP_WAIT_POLICY=PASSIVE, used until 2026-11-30)
 # are as bad for llama.cpp: every operation of every token then waits for futex wake-ups,
 # 16 -> 33 ms a token here. A short spin (10,000 rounds, microseconds) keeps a token's
-# operations back to back and still lets idle workers sleep. libgomp reads this when it loads,
-# so it is set before any model library loads; a user's own setting wins.
+# operations back to back and still lets idle workers sleep. ACTIVE, with a spin count given,
+# only keeps that spin when libgomp manages more threads than there are cores (else it spins
+# 100 rounds): once the text turn model had run llama.cpp from a second thread, the reply's
+# tokens took 70 ms instead of 41 for the rest of the process. libgomp reads these when it
+# loads, so they are set before any model library loads; a user's own setting wins.
 if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 from agent.config import Models
