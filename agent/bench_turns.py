@@ -18,11 +18,12 @@ real models and the real `TurnMachine`, as `agent.listener.Listener` drives them
 - real: Silero VAD probabilities and frame levels (32 ms frames, aligned with the stream);
   the machine's commands; smart-turn on the audio the listener gives it (the last 8 s up to the
   last whole VAD frame, padded by `as_of_pause`), asked at `SpeechStopped` and at `SpeechPaused`
-  unless asked for that silence; Whisper tiny.en on the utterance from `preroll_s` before its
-  start to `final_pad_s` after the end of speech (the early decode), after the smart-turn
-  verdict, skipped when the user spoke again meanwhile, at most `max_speculations_per_turn` a
-  turn; `ends_sentence` of that transcript; the text turn model (`TextTurnScorer`) on it, for
-  the policies that use it.
+  unless asked for that silence ("combined": after the text score, and only when it could still
+  change the wait, `TurnMachine.wants_audio_verdict`); Whisper tiny.en on the utterance from
+  `preroll_s` before its start to `final_pad_s` after the end of speech (the early decode),
+  after the smart-turn verdict where that comes first, skipped when the user spoke again
+  meanwhile, at most `max_speculations_per_turn` a turn; `ends_sentence` of that transcript;
+  the text turn model (`TextTurnScorer`) on it, for the policies that use it.
 - simulated: the clock. Audio is not played in real time; each model call is placed on the
   stream clock at a fixed cost (`--eou-ms`, `--asr-ms`, `--text-ms`, one worker, calls in
   order), and its verdict reaches the machine at the first VAD frame after it is done. The
@@ -378,7 +379,10 @@ def replay(u: Utterance, policy: Policy, models: CachedModels, costs: Costs, max
             if m.in_speech:
                 return []
             features.append((round(td, 3), "text_p", (text, round(float(np.log10(max(p, 1e-12))), 2))))
-            return m.on_transcript(td, complete, p, t_end)
+            cmds = m.on_transcript(td, complete, p, t_end)
+            if not m.audio_first and not cmds and m.wants_audio_verdict():
+                ask_eou(td, int(td / FRAME_S + 1e-9) - 1, t_end)  # the listener's last whole frame
+            return cmds
         schedule(due, deliver)
         return []
 
@@ -387,7 +391,7 @@ def replay(u: Utterance, policy: Policy, models: CachedModels, costs: Costs, max
         if not still_silent(t_end) or decodes >= max_decodes:
             return
         decodes += 1
-        due = ask_eou(t, i, t_end) or max(t, busy_until)
+        due = (ask_eou(t, i, t_end) if m.audio_first else None) or max(t, busy_until)
 
         def decode(te):
             nonlocal busy_until, early_text
@@ -418,7 +422,8 @@ def replay(u: Utterance, policy: Policy, models: CachedModels, costs: Costs, max
                 early_for = c.t_speech_end
                 early_transcript(t, i, c.t_speech_end, min(c.t_speech_end + final_pad_s, t))
             elif isinstance(c, SpeechPaused):
-                ask_eou(t, i, c.t_speech_end)
+                if m.audio_first:
+                    ask_eou(t, i, c.t_speech_end)
                 if early_text is not None and early_text[0] == c.t_speech_end:
                     run(on_transcript(t, c.t_speech_end, early_text[1]), t, i)
             elif isinstance(c, SpeechResumed):

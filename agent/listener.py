@@ -271,7 +271,8 @@ class Listener:
             self._early_task = _spawn(self._early_transcript(cmd.t_speech_end, until, previous), "asr-early")
         elif isinstance(cmd, SpeechPaused):
             self.tracer.instant(Stage.TURN, Ev.PAUSE, turn=self._turn())
-            self._start_eou_check(cmd.t_speech_end)  # unless asked already in this silence
+            if self.turns.audio_first:
+                self._start_eou_check(cmd.t_speech_end)  # unless asked already in this silence
             if self._early_text is not None and self._early_text[0] == cmd.t_speech_end:
                 await self._on_pause_transcript(*self._early_text)  # decoded before the pause
         elif isinstance(cmd, SpeechResumed):
@@ -313,7 +314,8 @@ class Listener:
         self._pause_decodes += 1
         # the turn model first, alone (~35 ms): beside the decode or the LLM's prompt it would
         # take the cores they need. Its verdict waits in the turn machine for the pause.
-        eou = self._start_eou_check(t_end)
+        # ("combined" asks it after the text score, if at all: `TurnMachine.audio_first`.)
+        eou = self._start_eou_check(t_end) if self.turns.audio_first else None
         if eou is not None:
             await asyncio.wait([eou])
             if not self._still_silent_since(t_end):
@@ -322,7 +324,8 @@ class Listener:
             text, _ = await self._transcript_until(until, take=False)
         self._early_text = (t_end, text)
         if self._still_silent_since(t_end):
-            self._start_eou_check(t_end)  # if the model was busy with an earlier silence
+            if self.turns.audio_first:
+                self._start_eou_check(t_end)  # if the model was busy with an earlier silence
             await self._on_pause_transcript(t_end, text)
 
     async def _on_pause_transcript(self, t_end: float, text: str) -> None:
@@ -347,6 +350,11 @@ class Listener:
         if open_turn() and self._offered != t_end:  # once per silence (before the pause, or at it)
             self._offered = t_end
             await self._emit(PauseTranscript(text))
+        if not self.turns.audio_first and open_turn() and self.turns.wants_audio_verdict():
+            if self._eou_task is not None and not self._eou_task.done():
+                await asyncio.wait([self._eou_task])  # an earlier silence's: the policy waits for this one's
+            if open_turn():
+                self._start_eou_check(t_end)
 
     async def _text_turn_check(self, text: str) -> float:
         with self.tracer.span(Stage.TURN, Ev.TEXT_TURN_CHECK, turn=self._turn()):

@@ -121,6 +121,10 @@ def interrupting_words(text: str, backchannels: tuple[str, ...] = ()) -> int:
                if any(ch.isalnum() for ch in w) and not NONLEXICAL.fullmatch(w) and w not in backchannels)
 
 
+AUDIO_P_RANGE = (1e-4, 1 - 1e-4)  # smart-turn's verdicts stay inside this
+AUDIO_FRAME_S = 0.032  # a VAD frame: a change in the wait smaller than this changes nothing
+
+
 class State(str, Enum):
     LISTENING = "listening"
     USER_SPEAKING = "user_speaking"
@@ -427,8 +431,31 @@ class TurnMachine:
             return c.endpoint_silence_s
         if c.endpointing == "smart-turn":
             return smart_turn_silence(f, c.pause_s, c.eou_threshold, c.max_endpoint_s)
+        if f.audio_p is None and f.text_p is not None and self.wants_audio_verdict():
+            return c.max_endpoint_s  # smart-turn is asked now, and its verdict could change the wait
         return combined_silence(f, c.combined_threshold, c.min_wait_s, c.max_endpoint_s, c.text_weight,
                                 c.text_bias, c.punctuation_wait_s, c.combined_needs_text)
+
+    @property
+    def audio_first(self) -> bool:
+        """Whether smart-turn is asked at each silence before the decode ("rules", "smart-turn").
+        "combined" asks it after the text score, and only when it could still change the wait
+        (`wants_audio_verdict`): the text score decides most turns, and the decode it needs
+        starts ~50 ms sooner without smart-turn ahead of it on the cores."""
+        return self.config.endpointing != "combined"
+
+    def wants_audio_verdict(self) -> bool:
+        """Whether smart-turn's verdict, whatever it says, could change this silence's wait by
+        more than a VAD frame, given what is known already."""
+        c = self.config
+        if c.endpointing != "combined":
+            return True
+        if self._features.audio_p is not None:
+            return False
+        waits = [combined_silence(replace(self._features, audio_p=p), c.combined_threshold, c.min_wait_s,
+                                  c.max_endpoint_s, c.text_weight, c.text_bias, c.punctuation_wait_s,
+                                  c.combined_needs_text) for p in AUDIO_P_RANGE]
+        return max(waits) - min(waits) > AUDIO_FRAME_S
 
     def _policy_check(self, t: float) -> list[Command]:
         """End the turn once the silence reaches the policy's wait (confirming the pause first

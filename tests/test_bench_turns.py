@@ -64,14 +64,35 @@ def test_a_turn_ended_inside_the_pause_is_a_false_cut_off():
 
 def test_verdicts_reach_the_machine_after_their_cost_and_are_asked_once_per_silence():
     u = _utt("." * 10 + "#" * 30 + "." * 60, complete=True)
-    stub = Stub(audio_p=0.1, text="hello there", text_p=0.999)
+    costs = bt.Costs(eou_s=0.025, asr_s=0.1, text_s=0.04)
+    pol = bt.Policy("rules", TurnConfig(), text_model=False)
+    stub = Stub(audio_p=0.9, text="hello there")
+    o = bt.replay(u, pol, stub.models(), costs)
+    # "rules": SpeechStopped at the first silent frame (41 F); smart-turn at +25 ms, then the decode at +125 ms
+    (t_a, kind_a, _), (t_t, kind_t, _) = o.features[0], o.features[1]
+    assert (kind_a, kind_t) == ("audio_p", "text")
+    assert t_a == pytest.approx(41 * F + 0.025, abs=1e-3) and t_t == pytest.approx(41 * F + 0.125, abs=1e-3)
+    assert stub.calls == {"eou": 1, "asr": 1, "text": 0}
+
+
+def test_combined_asks_smart_turn_after_the_text_only_when_it_could_change_the_wait():
+    u = _utt("." * 10 + "#" * 30 + "." * 60, complete=True)
+    costs = bt.Costs(eou_s=0.025, asr_s=0.1, text_s=0.04)
     pol = bt.Policy("combined", TurnConfig(endpointing="combined", min_wait_s=0.1), text_model=True)
-    o = bt.replay(u, pol, stub.models(), bt.Costs(eou_s=0.025, asr_s=0.1, text_s=0.04))
-    # SpeechStopped at the first silent frame (41 F); audio at +25 ms, text at +165 ms
-    (t_a, _, _), (t_t, _, _) = o.features[0], o.features[1]
-    assert t_a == pytest.approx(41 * F + 0.025, abs=1e-3) and t_t == pytest.approx(41 * F + 0.165, abs=1e-3)
-    assert o.end_s == pytest.approx(t_t, abs=1e-3)  # the text's verdict ended the turn at once
-    assert stub.calls == {"eou": 1, "asr": 1, "text": 1}
+    # a text score that decides alone: the decode first (+100 ms), the text at +140 ms ends the turn
+    decided = Stub(audio_p=0.1, text="hello there", text_p=0.999)
+    o = bt.replay(u, pol, decided.models(), costs)
+    assert [k for _, k, _ in o.features] == ["text_p"]
+    assert o.features[0][0] == pytest.approx(41 * F + 0.14, abs=1e-3)
+    assert o.end_s == pytest.approx(o.features[0][0], abs=1e-3)
+    assert decided.calls == {"eou": 0, "asr": 1, "text": 1}
+    # one on the fence (1e-6): smart-turn is asked then, and its "complete" ends the turn 25 ms later
+    fence = Stub(audio_p=0.9, text="hello there", text_p=1e-6)
+    o = bt.replay(u, pol, fence.models(), costs)
+    assert [k for _, k, _ in o.features] == ["text_p", "audio_p"]
+    assert o.features[1][0] == pytest.approx(41 * F + 0.165, abs=1e-3)
+    assert o.end_s == pytest.approx(o.features[1][0], abs=1e-3)
+    assert fence.calls == {"eou": 1, "asr": 1, "text": 1}
 
 
 def test_the_joined_halves_are_labelled_where_the_pause_is():

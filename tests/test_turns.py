@@ -355,6 +355,21 @@ def test_a_late_verdict_on_an_earlier_silence_does_not_count_for_combined():
     assert EndOfTurn not in d.kinds()
 
 
+def test_combined_waits_for_smart_turn_only_when_the_text_leaves_the_wait_open():
+    d = _combined(min_wait_s=0.1).frames("#" * 20 + "....")
+    assert not d.m.audio_first and not d.m.wants_audio_verdict()  # nothing known: the text decides first
+    d.log += d.m.on_transcript(d.t, True, 0.999)  # decided by the text alone: ended, no smart-turn
+    assert d.kinds()[-1] == EndOfTurn
+    fence = _combined(min_wait_s=0.1).frames("#" * 20 + "....")
+    fence.log += fence.m.on_transcript(fence.t, False, 1e-6)  # on the fence: P(done) 0.64 on the text alone
+    assert fence.m.wants_audio_verdict() and EndOfTurn not in fence.kinds()
+    fence.frames("." * 10)
+    assert fence.m.state == P  # waiting for smart-turn, not ending on the text
+    fence.eou(0.05)  # "not done": the long wait, now with both verdicts
+    assert not fence.m.wants_audio_verdict() and EndOfTurn not in fence.kinds()
+    assert Driver().m.audio_first and Driver().m.wants_audio_verdict()  # "rules" asks it at every silence
+
+
 def test_smart_turn_alone_ignores_the_punctuation_rule():
     d = Driver(endpointing="smart-turn", max_endpoint_s=1.5).frames("#" * 20 + "." * 8).eou(0.1)
     d.log += d.m.on_transcript(d.t, complete=True)
