@@ -85,14 +85,16 @@ Defaults, and why:
   "okay" over it interrupts it (Whisper wrote "MMHMM" for flite's "Mm-hmm.", "Mmh" mid-way).
 - `max_utterance_s` 25: Whisper decodes at most 30 s at once.
 - "combined" (opt-in): `text_weight` 3, `text_bias` 14, `combined_threshold` 0.5, `min_wait_s`
-  0.1, chosen on `duplex bench turns` (82 complete, 151 incomplete utterances; a grid over
-  weight 1-3, bias 12-16, threshold 0.3-0.7): 232/263 ms p50/p90 from the true end of speech
-  to the end of turn and 4.0 % false cut-offs (6/151), against 302/602 ms and 76.8 % for the
-  rules and 302/1586 ms and 58.9 % for smart-turn alone (issue 20's note has the full run). The
-  text score decides (cut fragments: 1e-7-1e-12; complete requests, unpunctuated: 1e-1-1e-7;
-  its bias is the trade-off: 13 gives 3.3 % and p90 367 ms, 16 gives 6.6 % and 260 ms);
-  smart-turn calls most cut fragments complete in these voices. The cut-offs left are Whisper's:
-  it completes a cut fragment ("Set a timer for it.", "some tips for some tips?").
+  0.1, chosen on `duplex bench turns` (82 complete, 150 incomplete utterances; a grid over
+  weight 1-3, bias 12-16, threshold 0.3-0.7). With its default model costs it gives 217/243 ms
+  p50/p90 from the true end of speech to the end of turn and 4.0 % false cut-offs (6/150),
+  against 302/592 ms and 74.7 % for the rules and 302/1571 ms and 56.7 % for smart-turn alone
+  (2026-12-01, README). The text score decides (cut fragments: 1e-7-1e-12; complete requests,
+  unpunctuated: 1e-1-1e-7; its bias is the trade-off: 13 gives 3.3 % and p90 254 ms, 16 gives
+  7.3 % and 236 ms), so the decode runs first and smart-turn only when it could still move the
+  wait (`wants_audio_verdict`): smart-turn calls most cut fragments complete in these voices. The
+  cut-offs left are Whisper's: it completes a cut fragment ("Set a timer for it.", "some tips
+  for some tips?").
 """
 from __future__ import annotations
 
