@@ -435,6 +435,10 @@ class TurnMachine:
             return smart_turn_silence(f, c.pause_s, c.eou_threshold, c.max_endpoint_s)
         if f.audio_p is None and f.text_p is not None and self.wants_audio_verdict():
             return c.max_endpoint_s  # smart-turn is asked now, and its verdict could change the wait
+        return self._combined_wait(f)
+
+    def _combined_wait(self, f: Features) -> float:
+        c = self.config
         return combined_silence(f, c.combined_threshold, c.min_wait_s, c.max_endpoint_s, c.text_weight,
                                 c.text_bias, c.punctuation_wait_s, c.combined_needs_text)
 
@@ -449,14 +453,11 @@ class TurnMachine:
     def wants_audio_verdict(self) -> bool:
         """Whether smart-turn's verdict, whatever it says, could change this silence's wait by
         more than a VAD frame, given what is known already."""
-        c = self.config
-        if c.endpointing != "combined":
+        if self.config.endpointing != "combined":
             return True
         if self._features.audio_p is not None:
             return False
-        waits = [combined_silence(replace(self._features, audio_p=p), c.combined_threshold, c.min_wait_s,
-                                  c.max_endpoint_s, c.text_weight, c.text_bias, c.punctuation_wait_s,
-                                  c.combined_needs_text) for p in AUDIO_P_RANGE]
+        waits = [self._combined_wait(replace(self._features, audio_p=p)) for p in AUDIO_P_RANGE]
         return max(waits) - min(waits) > AUDIO_FRAME_S
 
     def _policy_check(self, t: float) -> list[Command]:

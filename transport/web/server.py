@@ -131,6 +131,12 @@ def _refused(refusal: tuple[HTTPStatus, str]) -> Response:
     return response
 
 
+def _answer(status: int, headers: dict[str, str], body: bytes) -> Response:
+    """A route's own answer (an offer's, the WebRTC config), never cached."""
+    return Response(status, HTTPStatus(status).phrase, Headers(
+        [*headers.items(), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]), body)
+
+
 def _probe(admission: Admission, path: str) -> Response:
     """/healthz: the process answers. /readyz: it admits conversations now (a load balancer
     sends new ones elsewhere while it is 503)."""
@@ -184,9 +190,7 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
             log.warning("refused %s %s from %s: %s", request.method, path, connection.remote_address,
                         refusal[1].strip())
             return _refused(refusal)
-        status, headers, body = await post_routes[path](request, connection.splitter.body or b"")
-        return Response(status, HTTPStatus(status).phrase, Headers(
-            [*headers.items(), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]), body)
+        return _answer(*await post_routes[path](request, connection.splitter.body or b""))
 
     async def process_request(connection: BodyConnection, request: Request):
         path = _path(request)
@@ -209,9 +213,7 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
             if (refusal := access.refusal(request)) is not None:
                 log.warning("refused %s from %s: %s", path, connection.remote_address, refusal[1].strip())
                 return _refused(refusal)
-            status, headers, body = guarded_routes[path](request)
-            return Response(status, HTTPStatus(status).phrase, Headers(
-                [*headers.items(), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]), body)
+            return _answer(*guarded_routes[path](request))
         if path in ("/healthz", "/readyz"):
             return _probe(admission, path)
         if path in http_routes:

@@ -105,10 +105,8 @@ class Peer:
         await self.pc.close()
 
 
-def post(url: str, body: bytes, content_type: str = "application/json", headers: dict | None = None):
-    """A blocking HTTP POST: (status, body text)."""
-    req = urllib.request.Request(url, data=body, method="POST",
-                                 headers={"Content-Type": content_type, **(headers or {})})
+def _http(req: urllib.request.Request) -> tuple[int, str]:
+    """A blocking HTTP request: (status, body text), refusals included."""
     try:
         with urllib.request.urlopen(req, timeout=15) as r:
             return r.status, r.read().decode()
@@ -116,15 +114,18 @@ def post(url: str, body: bytes, content_type: str = "application/json", headers:
         return e.code, e.read().decode()
 
 
+def post(url: str, body: bytes, content_type: str = "application/json", headers: dict | None = None):
+    """A blocking HTTP POST: (status, body text)."""
+    return _http(urllib.request.Request(url, data=body, method="POST",
+                                        headers={"Content-Type": content_type, **(headers or {})}))
+
+
 def fetch_config(base_url: str, token: str | None = None,
                  headers: dict | None = None) -> tuple[int, dict | str]:
     """A blocking GET of `base_url`/webrtc/config: (200, its JSON) or (status, the refusal's text)."""
     url = base_url + CONFIG_PATH + (f"?token={token}" if token else "")
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=15) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+    status, text = _http(urllib.request.Request(url, headers=headers or {}))
+    return status, json.loads(text) if status == 200 else text
 
 
 async def _read(track, peer: Peer) -> None:
