@@ -64,6 +64,8 @@ class WhisperAdapterStream:
         self._speaking = True  # without hints, partials run whenever audio comes
         self._hinted = False  # begin_utterance was called: the listener says where speech is
         self._urgent = 0  # early decodes or flushes waiting: a running partial gives way
+        self._finals = 0  # flushes waiting or decoding: the decoder holds their utterance until they are done
+        self._next_start: int | None = None  # an utterance begun meanwhile: the decoder moves to it after them
         self._partial_task: asyncio.Task | None = None
         self._last_partial = ""
         self._closed = False
@@ -103,9 +105,14 @@ class WhisperAdapterStream:
     def begin_utterance(self, start_s: float) -> None:
         start = max(int(round(start_s * SAMPLE_RATE)), self._ring.total - self._ring.capacity, 0)
         self._hinted = True
-        self._restart(start)
         self._last_partial = ""
         self._speaking = True
+        if self._finals:
+            # the last utterance's final decode has not run (or runs in its thread): resetting
+            # the decoder now would take its audio from under it, and its end would then drop this one
+            self._next_start = start
+        else:
+            self._restart(start)
 
     def speaking(self, active: bool) -> None:
         """The listener's VAD: partials are decoded only while the user speaks."""
@@ -139,7 +146,7 @@ class WhisperAdapterStream:
 
     async def _partial(self) -> None:
         async with self._lock:
-            if self._utt_start is None or not self._speaking:
+            if self._utt_start is None or not self._speaking or self._next_start is not None:
                 return
             self._sync()
             hyp = await self._run(lambda: self._decoder.partial(
@@ -150,20 +157,24 @@ class WhisperAdapterStream:
 
     async def _decode(self, until_s: float, final: bool) -> Hypothesis:
         self._urgent += 1
+        self._finals += final
         try:
             async with self._lock:
                 self._sync()
                 n = int(round(until_s * SAMPLE_RATE)) - (self._utt_start or 0)
+                hyp = await self._run(self._decoder.decode, n)
                 if final:
-                    hyp = await self._run(self._decoder.decode, n)
-                    self._last_partial = ""
-                    if self._hinted:
+                    if self._next_start is not None:  # the next utterance began while this one ended
+                        self._restart(self._next_start)
+                        self._next_start = None
+                    elif self._hinted:
+                        self._last_partial = ""
                         self._utt_start = None  # until the next begin_utterance
                         self._speaking = False
                     else:
+                        self._last_partial = ""
                         self._restart(self._utt_start + max(0, n))
-                else:
-                    hyp = await self._run(self._decoder.decode, n)
             return hyp
         finally:
             self._urgent -= 1
+            self._finals -= final

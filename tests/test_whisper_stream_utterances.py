@@ -1,0 +1,53 @@
+"""The embedded Whisper's stream with the listener's hints: an utterance that begins while the
+last one's final decode is still waiting or running (the user speaks again at once, as over a
+bot that paused) is decoded whole, and the last one keeps its own words."""
+import asyncio
+
+import numpy as np
+import pytest
+from helpers import say
+
+from asr.base import Flushed, WordEvent
+
+pytestmark = pytest.mark.models
+RATE = 16000
+
+
+@pytest.fixture(scope="module")
+def recognizer():
+    from asr import load_recognizer
+
+    return load_recognizer()
+
+
+def _words(text: str) -> list[str]:
+    return ["".join(ch for ch in w.lower() if ch.isalnum()) for w in text.split()]
+
+
+async def test_an_utterance_begun_while_the_last_one_is_finalized_is_decoded(recognizer, tmp_path):
+    first = say("Please stop talking.", tmp_path / "a.wav")
+    second = say("Wait a moment please.", tmp_path / "b.wav")
+    gap = np.zeros(RATE // 10, np.float32)
+    stream = await recognizer.open_stream()
+    try:
+        stream.begin_utterance(0.0)
+        await stream.feed(np.concatenate([first, gap]))
+        first_end = (first.size + gap.size) / RATE
+        flush_first = asyncio.create_task(stream.flush(first_end))
+        await asyncio.sleep(0)  # its decode is under way in the recognizer's thread
+        stream.begin_utterance(first_end)
+        await stream.feed(np.concatenate([second, gap]))
+        await flush_first
+        await stream.flush(first_end + (second.size + gap.size) / RATE)
+        heard: list[list[str]] = [[]]
+        async with asyncio.timeout(30):
+            async for ev in stream.events():
+                if isinstance(ev, WordEvent):
+                    heard[-1] += _words(ev.word.text)
+                elif isinstance(ev, Flushed):
+                    if len(heard) == 2:
+                        break
+                    heard.append([])
+    finally:
+        await stream.close()
+    assert heard == [["please", "stop", "talking"], ["wait", "a", "moment", "please"]], heard
