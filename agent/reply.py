@@ -101,7 +101,7 @@ class _Piece:
 
 
 class Playout:
-    """Sends reply audio in small pieces, at most `lead_s` ahead of real time, and records in
+    """Sends reply audio in small pieces, at most `lead_s` ahead of the far end's playout, and records in
     `heard` which text each piece speaks, so the words the user actually heard are known.
 
     One sender task sends the pieces in order. `pause` stops it at once (the caller then clears
@@ -111,13 +111,14 @@ class Playout:
     that is the last `keep_s` seconds sent (the far end holds at most `lead_s` of it)."""
 
     def __init__(self, transport: Transport, lead_s: float, piece_s: float, new_id: Callable[[], int],
-                 keep_s: float = 2.0):
+                 keep_s: float = 2.0, queue_s: float = 1.0):
         self.transport, self.lead_s, self.piece_s, self.keep_s = transport, lead_s, piece_s, keep_s
+        self.queue_s = queue_s
         self._new_id = new_id  # chunk ids are unique for the whole session
         self.t0: float | None = None  # perf_counter time of reply second 0 (a resume moves it)
         self.sent_s = 0.0  # reply seconds sent (a resume goes back to where the far end stopped)
         self.heard = Heard()
-        self._queue: deque[_Piece] = deque()  # to send, in order: one chunk's pieces, after a resume's
+        self._queue: deque[_Piece] = deque()  # to send, in order (a chunk's pieces at most `queue_s` behind), after a resume's
         self._recent: deque[_Piece] = deque()  # sent, with their audio, for a resume (the last keep_s)
         self._running = asyncio.Event()
         self._running.set()
@@ -132,14 +133,15 @@ class Playout:
         return not self._running.is_set()
 
     async def play(self, chunk: AudioChunk, heard: bool = True) -> None:
-        """Send a chunk; returns once its last piece is sent (paced, so at most `lead_s` ahead).
+        """Queue a chunk to be sent (paced, at most `lead_s` ahead of the far end); returns once
+        at most `queue_s` of audio waits unsent, so the voice makes the next chunk while this
+        one plays, and a chunk that takes longer to make than `lead_s` leaves no hole.
         `heard=False`: audio that is not the reply's words (an apology); kept out of `heard`."""
-        pieces = [_Piece(pcm, chunk.sample_rate, text, heard) for pcm, text in split_chunk(chunk, self.piece_s)]
-        self._queue.extend(pieces)
+        self._queue.extend(_Piece(pcm, chunk.sample_rate, text, heard) for pcm, text in split_chunk(chunk, self.piece_s))
         if self._sender is None:
             self._sender = asyncio.create_task(self._send_all(), name="playout")
         self._changed()
-        await self._until(lambda: pieces[-1].sent)
+        await self._until(lambda: sum(p.seconds for p in self._queue) <= self.queue_s + 1e-9)
 
     async def wait_played(self) -> None:
         """Until all was sent and its time to play has come (a pause waits for the resume)."""
@@ -266,9 +268,14 @@ class Playout:
                 if self.paused or not self._queue:
                     await tick.wait()
                     continue
-                if self.t0 is None:
-                    self.t0 = time.perf_counter()
-                ahead = self.sent_s - (time.perf_counter() - self.t0)
+                now = time.perf_counter()
+                if self.t0 is None or now - self.t0 > self.sent_s:
+                    # the first piece, or the far end has played all it had (the voice fell
+                    # behind): it plays this piece from now, so the clock goes on from here;
+                    # else the pieces would burst out to catch a clock that ran on in the
+                    # silence, and the reply would count as played before its audio was
+                    self.t0 = now - self.sent_s
+                ahead = self.sent_s - (now - self.t0)
                 if ahead > self.lead_s:
                     with contextlib.suppress(TimeoutError):  # a pause meanwhile: look again
                         async with asyncio.timeout(ahead - self.lead_s):

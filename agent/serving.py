@@ -280,7 +280,10 @@ async def announce(transport: Transport, chunk: AudioChunk, start_timeout_s: flo
             await asyncio.wait_for(started.wait(), start_timeout_s)
             if not reader.done():
                 playout = Playout(transport, lead_s=0.4, piece_s=0.1, new_id=itertools.count().__next__)
-                await playout.play(chunk)
-                await playout.wait_played()
+                try:
+                    await playout.play(chunk)
+                    await playout.wait_played()
+                finally:
+                    await playout.close()
     finally:
         await cancel_and_wait(reader)

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 
 import numpy as np
 
 from agent.records import TurnRecord
-from agent.reply import Reply, ReplyConfig
+from agent.reply import Playout, Reply, ReplyConfig
 from agent.trace import Ev, Stage, Tracer
+from tts.base import AudioChunk
 from doubles import ScriptedLLM, ToneVoice
 from helpers import await_until
 
@@ -130,3 +132,43 @@ async def test_a_paused_reply_sends_nothing_then_resumes_at_the_sample_it_stoppe
     assert k < before.size and k + after.size == round(reply.record.tts_samples * 16000), "no sample lost or repeated"
     assert np.array_equal(after[:before.size - k], before[k:]), "it went on from the paused sample"
     assert hooks.finished == 1 and reply.spoken == text
+
+
+async def test_after_the_far_end_ran_dry_the_clock_goes_on_from_the_next_piece():
+    """The voice fell behind: the far end played all it had and waits in silence. The next
+    piece plays from when it arrives, so the reply is not done until that piece's time has
+    come, and its pieces go out paced, not in a burst to catch up with the silence."""
+    far, sent_at = Far(), []
+    send = far.send_audio
+
+    async def timed(chunk):
+        sent_at.append(time.perf_counter())
+        await send(chunk)
+
+    far.send_audio = timed
+    playout = Playout(far, lead_s=0.05, piece_s=0.1, new_id=itertools.count().__next__)
+    tone = np.zeros(3200, np.int16)  # 0.2 s
+    await playout.play(AudioChunk(tone, 16000, "one two"))
+    await asyncio.sleep(0.5)  # it has played out; 0.3 s of silence follow
+    t = time.perf_counter()
+    await playout.play(AudioChunk(np.concatenate([tone, tone]), 16000, "three four"))
+    await playout.wait_played()
+    assert time.perf_counter() - t >= 0.39, "done before the last piece had time to play"
+    # four pieces of 0.1 s, at most 0.05 s ahead: the last goes out 0.25 s after the first
+    assert len(sent_at) == 6 and sent_at[-1] - sent_at[2] >= 0.24, "its pieces went out in a burst, not paced"
+    await playout.close()
+
+
+async def test_the_voice_makes_the_next_chunk_while_the_last_one_plays():
+    """`play` returns while the chunk is still being sent (at most `queue_s` of it waits), so
+    the synthesis of the next chunk overlaps its playout instead of following it."""
+    far = Far()
+    playout = Playout(far, lead_s=0.05, piece_s=0.1, new_id=itertools.count().__next__, queue_s=0.3)
+    t = time.perf_counter()
+    await playout.play(AudioChunk(np.zeros(16000, np.int16), 16000, "a second of words"))
+    back = time.perf_counter() - t
+    assert back >= 0.5, f"play returned after {back:.2f} s, before 0.7 s of the chunk was sent"
+    assert sum(c.pcm.size for c in far.audio) < 16000, "it returned before the chunk was all sent"
+    await playout.wait_played()
+    assert sum(c.pcm.size for c in far.audio) == 16000
+    await playout.close()
