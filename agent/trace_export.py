@@ -284,17 +284,11 @@ def to_perfetto(
         meta.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
                      "args": {"sort_index": tid}})
     trace_events = meta + out + flow_events
-    return {
-        "traceEvents": trace_events,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "duplex": {
-                "format": "duplex-perfetto/1",
-                "base_ns": base_ns,
-                "sessions": {str(pid): sess for sess, pid in pids.items()},
-            }
-        },
-    }
+    duplex: dict[str, Any] = {"format": "duplex-perfetto/1", "base_ns": base_ns,
+                              "sessions": {str(pid): sess for sess, pid in pids.items()}}
+    if isinstance(events, Tracer):  # to line the trace up with logs and other machines' clocks
+        duplex["wall_offset_ns"] = events.wall_offset_ns
+    return {"traceEvents": trace_events, "displayTimeUnit": "ms", "otherData": {"duplex": duplex}}
 
 
 _NUM = (int, float)

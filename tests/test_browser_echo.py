@@ -234,12 +234,15 @@ def converse(url: str, spec: dict) -> dict:
                 page.wait_for_function(f"window.duplexLog.slice({start}).filter(e => e.type === 'player_started')"
                                        ".length >= 3", timeout=120_000)
                 voice.say(speech["barge_in"], "barge_in")
-                page.wait_for_function(_js_after(start, "e.type === 'interrupted'"), timeout=120_000)
-                # the page's flush, and then the answer to the barge-in (or 20 s)
-                page.wait_for_function(_js_after(start, "e.type === 'player_cleared'"), timeout=30_000)
-                with contextlib.suppress(PlaywrightTimeout):
-                    page.wait_for_function(f"window.duplexLog.some(e => e.type === 'latency' && e.turn > {second})",
-                                           timeout=20_000)
+                try:  # a barge-in that fails is the barge-in test's failure, with the log to show why
+                    page.wait_for_function(_js_after(start, "e.type === 'interrupted'"), timeout=60_000)
+                    # the page's flush, and then the answer to the barge-in (or 20 s)
+                    page.wait_for_function(_js_after(start, "e.type === 'player_cleared'"), timeout=30_000)
+                    with contextlib.suppress(PlaywrightTimeout):
+                        page.wait_for_function("window.duplexLog.some(e => e.type === 'latency'"
+                                               f" && e.turn > {second})", timeout=20_000)
+                except PlaywrightTimeout as e:
+                    out["barge_in_error"] = str(e).splitlines()[0]
             out["log"] = page.evaluate("window.duplexLog")
             out["mic_levels"] = page.evaluate("window.duplexMicLevels")
             out["mic_settings"] = page.evaluate("window.duplexMicSettings")
@@ -339,12 +342,13 @@ def self_interruptions(run: dict) -> dict:
             "story_finished": any(e["type"] == "bot_done" and e.get("turn") == run["story_turn"] for e in span)}
 
 
-def trace_events(trace_dir: Path) -> list:
-    from agent.trace_export import load_events
+def trace_events(trace_dir: Path) -> tuple[list, float]:
+    """The session's trace events, and the offset of their clock from wall time (s)."""
+    from agent.trace_export import load_events, read_meta
 
     traces = sorted(trace_dir.glob("*.trace.json"))
     assert traces, f"no session trace in {trace_dir}"
-    return load_events(str(traces[0]))
+    return load_events(str(traces[0])), read_meta(str(traces[0])).get("wall_offset_ns", 0) / 1e9
 
 
 def story_seconds(events, turn: int) -> float:
@@ -379,7 +383,7 @@ def run_case(root: Path, speech: dict, transport: str, aec: bool, barge_in: bool
     print(done.stdout[-4000:], done.stderr[-4000:])
     assert done.returncode == 0, f"the {transport} page's session failed"
     run = json.loads((d / "page.json").read_text())
-    run["events"] = trace_events(d / "traces")
+    run["events"], run["trace_wall_offset_s"] = trace_events(d / "traces")
     run["story_s"] = story_seconds(run["events"], run["story_turn"])
     run["self"] = self_interruptions(run)
     run["recordings"] = {"speaker": speaker, "room_mic": room}
@@ -475,6 +479,8 @@ def test_speaking_over_the_story_stops_the_webrtc_page_and_keeps_what_was_heard(
     before = [e["heard"] for e in log if e["type"] == "interrupted" and _wall(run, e) <= barge_at
               and e["page_ms"] > next(x["page_ms"] for x in log if x["type"] == "final"
                                       and x.get("turn") == run["second_turn"])]
+    if "barge_in_error" in run:
+        pytest.fail(f"speaking over the story did not interrupt it ({run['barge_in_error']}): {barge_in_story(run)}")
     after = [i for i, e in enumerate(log) if _wall(run, e) > barge_at]
     assert after, "the page logged nothing once the user spoke over the story"
     tail = log[after[0]:]
@@ -492,6 +498,22 @@ def test_speaking_over_the_story_stops_the_webrtc_page_and_keeps_what_was_heard(
     print(f"barge-in over WebRTC: heard {heard!r} of {len(reply.split())} words; the user's words came out as"
           f" {said}; cuts of the second story by its own echo before the user spoke: {before}")
     assert heard and is_word_prefix(heard, reply, strict=True), (heard, reply)
+
+
+def barge_in_story(run: dict) -> str:
+    """What happened from the second request on, for a failed barge-in: the second reply and
+    the page's events, in seconds from the moment the user began to talk over it."""
+    barge_at = next(s["t"] for s in run["said"] if s["name"] == "barge_in")
+    second = run.get("second_turn")
+    reply = reply_text(run["events"], second) if second is not None else ""
+    shown = ("final", "clear", "player_cleared", "interrupted", "bot_done", "state")
+    seen = [f"{_wall(run, e) - barge_at:+.2f} {e['type']}"
+            f" {e.get('text') or e.get('state') or e.get('heard') or ''}".rstrip()
+            for e in run["log"] if e["type"] in shown and _wall(run, e) > barge_at - 10]
+    turn_events = [(round(e.ts_ns / 1e9 + run["trace_wall_offset_s"] - barge_at, 2), e.turn, e.name) for e in run["events"]
+                   if e.stage == "turn" and e.turn is not None and second is not None and e.turn >= second]
+    return (f"second reply ({story_seconds(run['events'], second) if second is not None else 0:.1f} s of audio):"
+            f" {reply!r}; the page: {seen}; the server's turn events: {turn_events}")
 
 
 def test_echo_level_with_and_without_cancellation(cases):

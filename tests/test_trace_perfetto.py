@@ -6,7 +6,7 @@ from collections import defaultdict
 import pytest
 
 from agent.trace import STAGES, Tracer
-from agent.trace_export import load_events, to_perfetto, validate_perfetto, write_perfetto
+from agent.trace_export import load_events, read_meta, to_perfetto, validate_perfetto, write_perfetto
 from agent.trace_report import simulate_turns
 
 N_TURNS = 6
@@ -179,6 +179,8 @@ def test_round_trip_through_perfetto_json(tmp_path):
         assert (a.ph, a.ts_ns, a.stage, a.name, a.turn, a.flow, a.dur_ns, a.session) == (
             b.ph, b.ts_ns, b.stage, b.name, b.turn, b.flow, b.dur_ns, b.session)
         assert a.args == b.args
+    # the tracer's clock against wall time travels too: a reader lines the trace up with logs
+    assert read_meta(p)["wall_offset_ns"] == tr.wall_offset_ns
 
 
 @pytest.mark.skipif(not os.environ.get("TRACE_PROCESSOR_SHELL"),
