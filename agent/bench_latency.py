@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from agent.endpointing import DEFAULT_POLICY, POLICIES
 from agent.stages import STAGE_KEYS, breakdown
 from agent.workers import run_in
 from tts.base import known_text
@@ -334,7 +335,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tts", default="piper", help="piper | voice.onnx | espeak-ng | flite")
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--max-tokens", type=int, default=80)
-    p.add_argument("--endpointing", choices=["rules", "smart-turn", "combined"], default="rules",
+    p.add_argument("--endpointing", choices=POLICIES, default=DEFAULT_POLICY,
                    help="end-of-turn policy, as duplex serve's --endpointing")
     p.add_argument("--first-chunk-words", type=positive_int, default=2,
                    help="words of the reply's first TTS chunk (fewer: first audio sooner, one more join)")

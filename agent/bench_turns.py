@@ -473,10 +473,10 @@ def run_policy(utts: list[Utterance], policy: Policy, models: CachedModels, cost
 
 def policies(text_model: bool = True) -> list[Policy]:
     """The baselines and the new policy, at their defaults (agent/turns.py, agent/endpointing.py)."""
-    out = [Policy("rules (today)", TurnConfig()),
+    out = [Policy("rules (before)", TurnConfig(endpointing="rules")),
            Policy("smart-turn alone", TurnConfig(endpointing="smart-turn"))]
     if text_model:
-        out.append(Policy("combined (new)", TurnConfig(endpointing="combined"), text_model=True,
+        out.append(Policy("combined (default)", TurnConfig(endpointing="combined"), text_model=True,
                           sweep="combined_threshold"))
     return out
 
@@ -486,7 +486,7 @@ def extra_curves(text_model: bool = True) -> list[Policy]:
     may find the end of the message and still call it done)."""
     if not text_model:
         return []
-    return [Policy("combined (new)", TurnConfig(endpointing="combined"), text_model=True, sweep="text_bias",
+    return [Policy("combined (default)", TurnConfig(endpointing="combined"), text_model=True, sweep="text_bias",
                    sweep_values=(10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0, 17.0, 18.0))]
 
 

@@ -9,6 +9,8 @@ import os
 import statistics
 import sys
 
+from agent.endpointing import DEFAULT_POLICY, POLICIES
+
 
 def positive_int(text: str) -> int:
     """argparse type: an integer of at least 1."""
@@ -49,10 +51,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="words of the reply's first TTS chunk (fewer: first audio sooner, one more join)")
     p.add_argument("--no-eou", action="store_true",
                    help="end turns on silence alone (0.5 s), without the smart-turn model")
-    p.add_argument("--endpointing", choices=["rules", "smart-turn", "combined"], default="rules",
-                   help="end-of-turn policy (see duplex bench turns): rules (default: smart-turn, then the "
-                        "transcript's punctuation and the pause), smart-turn alone, or combined (smart-turn's "
-                        "audio score with a text model's end-of-message probability; loads SmolLM2-135M too)")
+    p.add_argument("--endpointing", choices=POLICIES, default=DEFAULT_POLICY,
+                   help="end-of-turn policy (see duplex bench turns): combined (default: smart-turn's audio "
+                        "score with a text model's end-of-message probability; loads SmolLM2-135M too), "
+                        "rules (smart-turn, then the transcript's punctuation and the pause), or smart-turn alone")
     p.add_argument("--no-speculation", action="store_true", help="never start replies before the turn ends")
     p.add_argument("--greeting", default=None,
                    help="say this first, as soon as the caller's or page's audio arrives (kept in the context)")

@@ -134,9 +134,10 @@ class Listener:
         self._echo = echo  # is this transcript the bot's own voice heard back (agent/echo.py)?
         self._turn = turn  # the index of the turn being spoken, for the trace
         turns = config.turns
-        if turns.endpointing == "combined" and not hasattr(eou, "text_probability"):
-            log.warning("the combined end-of-turn policy needs a text turn model (agent.eou.CombinedEou); "
-                        "using the rules")
+        if turns.endpointing == "combined" and not (turns.use_eou and hasattr(eou, "text_probability")):
+            if eou is not None and turns.use_eou:  # asked for, not given: say so (no models at all: silence)
+                log.warning("the combined end-of-turn policy needs a text turn model (agent.eou.CombinedEou); "
+                            "using the rules")
             turns = replace(turns, endpointing="rules")
         self.turns = TurnMachine(turns)
         # (silence, text, its text turn probability): one check per silence and text, however

@@ -21,6 +21,7 @@ if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 from agent.config import Models
+from agent.endpointing import DEFAULT_POLICY
 
 log = logging.getLogger("duplex.models")
 
@@ -38,7 +39,7 @@ class ModelChoice:
     eou: str | None = "smart-turn-v3.2"  # end-of-turn model; None: silence alone ends turns
     # the end-of-turn policy (agent/endpointing.py): "combined" also loads a text model that
     # scores whether the transcript is finished (agent.eou.TextTurnScorer)
-    endpointing: str = "rules"
+    endpointing: str = DEFAULT_POLICY
     llm_threads: int | None = None
 
 

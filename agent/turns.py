@@ -29,12 +29,12 @@ States::
   at the pause ends a sentence (`on_transcript`; Whisper punctuates, and the acoustic model misses
   many complete questions); or after `max_endpoint_s` of silence whatever they say. With no
   end-of-turn model (`use_eou=False`) it ends after `endpoint_silence_s` of silence.
-  That is the "rules" policy (`endpointing`, the default). The others (agent/endpointing.py) keep
+  That is the "rules" policy (`endpointing="rules"`). The others (agent/endpointing.py) keep
   the verdicts of the current silence (`on_eou`, `on_transcript` with the text turn model's
   probability) and end the turn once Silero's silence reaches the policy's wait for them, which
   may be shorter than `pause_s` (then `SpeechPaused` and `EndOfTurn` come together):
-  "smart-turn" (smart-turn alone: its verdict, else `max_endpoint_s`) and "combined" (smart-turn
-  + the chat model's end-of-message probability after the transcript + the pause length).
+  "smart-turn" (smart-turn alone: its verdict, else `max_endpoint_s`) and "combined", the default
+  (smart-turn + the chat model's end-of-message probability after the transcript + the pause length).
 - Barge-in, in two steps: `barge_in_min_speech_s` of user speech while the bot thinks or speaks
   emits `PauseReply` and enters `interrupted`: the session holds the reply's audio at once (the
   far end drops what it buffered) and the reply waits, paused. Words in the utterance (its final
@@ -84,7 +84,7 @@ Defaults, and why:
 - `backchannels` none: only non-lexical sounds (`NONLEXICAL`) let the bot go on; "yeah" or
   "okay" over it interrupts it (Whisper wrote "MMHMM" for flite's "Mm-hmm.", "Mmh" mid-way).
 - `max_utterance_s` 25: Whisper decodes at most 30 s at once.
-- "combined" (opt-in): `text_weight` 3, `text_bias` 14, `combined_threshold` 0.5, `min_wait_s`
+- "combined" (the default since 2026-12-02): `text_weight` 3, `text_bias` 14, `combined_threshold` 0.5, `min_wait_s`
   0.1, chosen on `duplex bench turns` (82 complete, 150 incomplete utterances; a grid over
   weight 1-3, bias 12-16, threshold 0.3-0.7). With its default model costs it gives 217/243 ms
   p50/p90 from the true end of speech to the end of turn and 4.0 % false cut-offs (6/150),
@@ -103,7 +103,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from agent.endpointing import POLICIES, Features, combined_silence, smart_turn_silence
+from agent.endpointing import DEFAULT_POLICY, POLICIES, Features, combined_silence, smart_turn_silence
 
 
 # the sounds people make over a speaker to show they listen, and fillers, however a recognizer
@@ -155,9 +155,9 @@ class TurnConfig:
     preroll_s: float = 0.3  # audio before the detected speech start that the recognizer gets
     quiet_db: float | None = -35.0  # the early-decode hint (None: off), below the utterance's peak
     quiet_max_prob: float = 0.97  # ... counted only once Silero's probability has begun to fall
-    # the end-of-turn policy (agent/endpointing.py): "rules" (today's), "smart-turn" (alone),
-    # "combined" (smart-turn + the chat model's end-of-message probability + the pause length)
-    endpointing: str = "rules"
+    # the end-of-turn policy (agent/endpointing.py): "combined" (smart-turn + the chat model's
+    # end-of-message probability + the pause length), "rules", "smart-turn" (alone)
+    endpointing: str = DEFAULT_POLICY
     combined_threshold: float = 0.5  # "combined": P(done) at or above it ends at min_wait_s
     min_wait_s: float = 0.1  # "combined": Silero silence that ends a turn judged done
     text_weight: float = 3.0  # "combined": the text score's weight (logits added)

@@ -42,7 +42,7 @@ def _utt(pattern: str, complete: bool, pause=None, end_frame=None) -> bt.Utteran
 
 def test_latency_is_measured_from_the_true_end_of_speech():
     u = _utt("." * 10 + "#" * 30 + "." * 60, complete=True)
-    o = bt.replay(u, bt.Policy("rules", TurnConfig()), Stub().models(), bt.Costs())
+    o = bt.replay(u, bt.Policy("rules", TurnConfig(endpointing="rules")), Stub().models(), bt.Costs())
     # a verdict of 0.9 before the pause: the turn ends at the pause, 7 frames (0.224 s) of silence
     assert o.end_s == pytest.approx(47 * F) and o.latency_ms == pytest.approx(7 * F * 1000, abs=0.1)
     assert not o.cut_off
@@ -52,10 +52,10 @@ def test_a_turn_ended_inside_the_pause_is_a_false_cut_off():
     pattern = "." * 10 + "#" * 30 + "." * 19 + "#" * 20 + "." * 60  # a 0.61 s pause mid-sentence
     u = _utt(pattern, complete=False, pause=(40 * F, 59 * F))
     stub = Stub(audio_p=0.9)
-    o = bt.replay(u, bt.Policy("rules", TurnConfig()), stub.models(), bt.Costs())
+    o = bt.replay(u, bt.Policy("rules", TurnConfig(endpointing="rules")), stub.models(), bt.Costs())
     assert o.cut_off and o.end_s == pytest.approx(47 * F)
     # a verdict of "incomplete" waits past the pause: the turn ends after the second half
-    low = bt.replay(u, bt.Policy("rules", TurnConfig()), Stub(audio_p=0.1, text="so").models(), bt.Costs())
+    low = bt.replay(u, bt.Policy("rules", TurnConfig(endpointing="rules")), Stub(audio_p=0.1, text="so").models(), bt.Costs())
     assert not low.cut_off and low.end_s > 79 * F
     assert low.latency_ms == pytest.approx((low.end_s - 79 * F) * 1000, abs=0.1)
     s = bt.summarize([o, low])
@@ -65,7 +65,7 @@ def test_a_turn_ended_inside_the_pause_is_a_false_cut_off():
 def test_verdicts_reach_the_machine_after_their_cost_and_are_asked_once_per_silence():
     u = _utt("." * 10 + "#" * 30 + "." * 60, complete=True)
     costs = bt.Costs(eou_s=0.025, asr_s=0.1, text_s=0.04)
-    pol = bt.Policy("rules", TurnConfig(), text_model=False)
+    pol = bt.Policy("rules", TurnConfig(endpointing="rules"), text_model=False)
     stub = Stub(audio_p=0.9, text="hello there")
     o = bt.replay(u, pol, stub.models(), costs)
     # "rules": SpeechStopped at the first silent frame (41 F); smart-turn at +25 ms, then the decode at +125 ms
@@ -118,7 +118,7 @@ def test_flite_speech_through_silero_detects_the_cut_off(tmp_path):
     bt.score_vad(utts, SileroVAD().new_stream)
     _, inc = utts
     assert inc.pause[0] < inc.pause[1] < inc.speech_end_s and inc.pause[1] - inc.pause[0] > 0.29
-    pol = bt.Policy("rules", TurnConfig())
+    pol = bt.Policy("rules", TurnConfig(endpointing="rules"))
     outs = bt.run_policy(utts, pol, Stub(audio_p=0.9).models(), bt.Costs())
     assert not outs[0].cut_off and 150 < outs[0].latency_ms < 400
     assert outs[1].cut_off  # "complete" at the first pause: ended inside it

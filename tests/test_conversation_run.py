@@ -14,9 +14,7 @@ from helpers import say, silence
 pytestmark = pytest.mark.models
 
 
-@pytest.fixture(scope="module")
-def conversation(tmp_path_factory):
-    d = tmp_path_factory.mktemp("conv")
+def _converse(d, *extra: str):
     inputs = {
         "story": "Please tell me a long story about a brave little dragon.",
         "stop": "Stop. Wait a moment please.",
@@ -32,13 +30,26 @@ def conversation(tmp_path_factory):
            "--far-end-log", str(d / "far.jsonl"), "--max-tokens", "400",
            # a long answer, so the LLM is still generating when the user talks over it
            "--system-prompt", "You are a storyteller. Answer every request with a long, detailed story "
-                              "of at least ten sentences. Answer questions in one sentence."]
+                              "of at least ten sentences. Answer questions in one sentence.", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (d / "log.jsonl").read_text().splitlines()]
     far = [json.loads(line) for line in (d / "far.jsonl").read_text().splitlines()]
     print("\n".join(json.dumps(r)[:400] for r in rows))
     return d, [r for r in rows if "turn" in r], rows[-1], far
+
+
+@pytest.fixture(scope="module")
+def conversation(tmp_path_factory):
+    """With the default end-of-turn policy ("combined")."""
+    return _converse(tmp_path_factory.mktemp("conv"))
+
+
+@pytest.fixture(scope="module")
+def rules_conversation(tmp_path_factory):
+    """With the rules, which speculate at most pauses (the combined policy's text score often
+    ends the turn at once, with nothing to speculate on) and ask smart-turn first."""
+    return _converse(tmp_path_factory.mktemp("conv-rules"), "--endpointing", "rules")
 
 
 def test_barge_in_cancels_llm_within_one_token_and_flushes_audio(conversation):
@@ -77,20 +88,20 @@ def test_context_keeps_exactly_the_heard_words(conversation):
     assert len(heard_words) < len(reply_words) and reply_words[:len(heard_words)] == heard_words
 
 
-def test_a_speculative_reply_is_committed(conversation):
-    d, turns, summary, far = conversation
+def test_a_speculative_reply_is_committed(rules_conversation):
+    d, turns, summary, far = rules_conversation
     assert summary["speculation"]["committed"] >= 1, summary["speculation"]
     committed = [t for t in turns if t["speculative"]]
     assert committed and all(t["reply"] and t["voice_to_voice_ms"] > 0 for t in committed)
     assert "spider" in turns[-1]["user"].lower() and turns[-1]["reply"]
 
 
-def test_the_turn_model_runs_before_the_early_decode_not_beside_it(conversation):
+def test_the_turn_model_runs_before_the_early_decode_not_beside_it(rules_conversation):
     """At the first silent frame the session asks smart-turn and only then decodes: beside the
     decode or the LLM's prompt it would take the cores they need (see agent/session.py)."""
     from agent.trace_export import load_events
 
-    d, turns, summary, far = conversation
+    d, turns, summary, far = rules_conversation
     events = load_events(str(d / "run.trace.json"))
     checks = [e for e in events if e.stage == "turn" and e.name == "eou_check"]
     decodes = [e for e in events if e.stage == "asr" and e.name == "pause_decode"]
@@ -102,3 +113,21 @@ def test_the_turn_model_runs_before_the_early_decode_not_beside_it(conversation)
             assert before[-1].end_ns <= dec.ts_ns, "the decode started while the turn model ran"
             led += 1
     assert led >= 1, "no early decode followed a turn-model check"
+
+
+def test_the_default_policy_asks_the_text_model_after_the_early_decode(conversation):
+    """"combined": the decode first, then the text model on its transcript, alone (beside the
+    decode it would be slower, and the turn's end waits for it); smart-turn after that, only
+    when its verdict could still move the wait. Every turn is answered."""
+    from agent.trace import Ev, Stage
+    from agent.trace_export import load_events
+
+    d, turns, summary, far = conversation
+    events = load_events(str(d / "run.trace.json"))
+    checks = [e for e in events if e.stage == Stage.TURN and e.name == Ev.TEXT_TURN_CHECK]
+    decodes = [e for e in events if e.stage == Stage.ASR and e.name == Ev.PAUSE_DECODE]
+    assert checks and decodes, "the text model was never asked"
+    for c in checks:
+        before = [x for x in decodes if x.ts_ns <= c.ts_ns and x.turn == c.turn]
+        assert before and before[-1].end_ns <= c.ts_ns, "a text check ran beside the decode it scores"
+    assert len(turns) == 3 and all(t["reply"] for t in turns), [(t["user"], t["reply"]) for t in turns]

@@ -10,7 +10,8 @@ L, U, P, T, B, I = (State.LISTENING, State.USER_SPEAKING, State.ENDPOINT_PENDING
 
 class Driver:
     def __init__(self, **config):
-        self.m = TurnMachine(TurnConfig(**config))
+        # the rules unless told: most of these tests are theirs (the combined policy's below)
+        self.m = TurnMachine(TurnConfig(**{"endpointing": "rules", **config}))
         self.t = 0.0
         self.log: list = []
 
