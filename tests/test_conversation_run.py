@@ -14,8 +14,9 @@ from helpers import say, silence
 pytestmark = pytest.mark.models
 
 
-def _converse(d, *extra: str):
-    inputs = {
+def _converse(d, *extra: str, inputs: dict | None = None, at: tuple[str, float] = ("stop", 4.0),
+              max_tokens: int = 400):
+    inputs = inputs or {
         "story": "Please tell me a long story about a brave little dragon.",
         "stop": "Stop. Wait a moment please.",
         "spider": "How many legs does a spider have?",
@@ -25,9 +26,10 @@ def _converse(d, *extra: str):
         sf.write(d / f"{name}.wav", np.concatenate([silence(0.4), x, silence(0.2)]), 16000, subtype="PCM_16")
     out = d / "bot.wav"
     cmd = [sys.executable, "-m", "agent.cli", "run",
-           "--input", str(d / "story.wav"), "--input", f"{d / 'stop.wav'}@+4", "--input", str(d / "spider.wav"),
+           *[a for name in inputs for a in ("--input", f"{d / name}.wav@+{at[1]:g}" if name == at[0]
+                                             else str(d / f"{name}.wav"))],
            "--output", str(out), "--log", str(d / "log.jsonl"), "--trace", str(d / "run.trace.json"),
-           "--far-end-log", str(d / "far.jsonl"), "--max-tokens", "400",
+           "--far-end-log", str(d / "far.jsonl"), "--max-tokens", str(max_tokens),
            # a long answer, so the LLM is still generating when the user talks over it
            "--system-prompt", "You are a storyteller. Answer every request with a long, detailed story "
                               "of at least ten sentences. Answer questions in one sentence.", *extra]
@@ -43,6 +45,15 @@ def _converse(d, *extra: str):
 def conversation(tmp_path_factory):
     """With the default end-of-turn policy ("combined")."""
     return _converse(tmp_path_factory.mktemp("conv"))
+
+
+@pytest.fixture(scope="module")
+def backchannel_conversation(tmp_path_factory):
+    """A story, a "Mm-hmm." said over it 3 s in, then a question once it is over."""
+    return _converse(tmp_path_factory.mktemp("conv-mmhmm"), max_tokens=60, at=("mmhmm", 3.0), inputs={
+        "story": "Please tell me a long story about a brave little dragon.",
+        "mmhmm": "Mm-hmm.",
+        "spider": "How many legs does a spider have?"})
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +142,24 @@ def test_the_default_policy_asks_the_text_model_after_the_early_decode(conversat
         before = [x for x in decodes if x.ts_ns <= c.ts_ns and x.turn == c.turn]
         assert before and before[-1].end_ns <= c.ts_ns, "a text check ran beside the decode it scores"
     assert len(turns) == 3 and all(t["reply"] for t in turns), [(t["user"], t["reply"]) for t in turns]
+
+
+def test_a_backchannel_over_the_story_pauses_it_and_it_plays_on_whole(backchannel_conversation):
+    """Real audio and models: flite's "Mm-hmm." over the story pauses it at its first frames;
+    the recognizer's words for it are no interruption, so the story resumes from the sample it
+    paused at, is heard whole, and the backchannel is no turn: the next question is answered."""
+    from agent.trace import Ev, Stage
+    from agent.trace_export import load_events
+
+    d, turns, summary, far = backchannel_conversation
+    events = load_events(str(d / "run.trace.json"))
+    names = [e.name for e in events if e.stage == Stage.TURN]
+    assert Ev.REPLY_PAUSED in names, "the backchannel did not pause the story (it must, at its onset)"
+    assert Ev.RESUME in names, f"the story did not resume: {[(t['user'], t['interrupted']) for t in turns]}"
+    story = turns[0]
+    assert not story["interrupted"] and story["heard"] == story["reply"], (story["heard"], story["reply"])
+    assert [t["user"] for t in turns if t["user"] and t["reply"]][-1].lower().count("spider"), turns
+    answered = [t for t in turns if t["reply"]]
+    assert len(answered) == 2, [(t["user"], t["reply"][:40]) for t in turns]
+    history = summary["history"]
+    assert history[1] == {"role": "assistant", "content": story["reply"]}
