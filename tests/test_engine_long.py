@@ -10,7 +10,7 @@ import torch
 
 from asr.kyutai import engine_from_hf, tiny_hf_model
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 
 FRAME = 1920
 WINDOW = 8
