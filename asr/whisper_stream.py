@@ -164,15 +164,14 @@ class WhisperAdapterStream:
                 n = int(round(until_s * SAMPLE_RATE)) - (self._utt_start or 0)
                 hyp = await self._run(self._decoder.decode, n)
                 if final:
+                    self._last_partial = ""
                     if self._next_start is not None:  # the next utterance began while this one ended
                         self._restart(self._next_start)
                         self._next_start = None
                     elif self._hinted:
-                        self._last_partial = ""
                         self._utt_start = None  # until the next begin_utterance
                         self._speaking = False
                     else:
-                        self._last_partial = ""
                         self._restart(self._utt_start + max(0, n))
             return hyp
         finally:

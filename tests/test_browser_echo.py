@@ -480,7 +480,8 @@ def test_speaking_over_the_story_stops_the_webrtc_page_and_keeps_what_was_heard(
               and e["page_ms"] > next(x["page_ms"] for x in log if x["type"] == "final"
                                       and x.get("turn") == run["second_turn"])]
     if "barge_in_error" in run:
-        pytest.fail(f"speaking over the story did not interrupt it ({run['barge_in_error']}): {barge_in_story(run)}")
+        pytest.fail(f"speaking over the story did not interrupt it ({run['barge_in_error']}):"
+                    f" {barge_in_story(run, barge_at)}")
     after = [i for i, e in enumerate(log) if _wall(run, e) > barge_at]
     assert after, "the page logged nothing once the user spoke over the story"
     tail = log[after[0]:]
@@ -500,20 +501,18 @@ def test_speaking_over_the_story_stops_the_webrtc_page_and_keeps_what_was_heard(
     assert heard and is_word_prefix(heard, reply, strict=True), (heard, reply)
 
 
-def barge_in_story(run: dict) -> str:
+def barge_in_story(run: dict, barge_at: float) -> str:
     """What happened from the second request on, for a failed barge-in: the second reply and
-    the page's events, in seconds from the moment the user began to talk over it."""
-    barge_at = next(s["t"] for s in run["said"] if s["name"] == "barge_in")
-    second = run.get("second_turn")
-    reply = reply_text(run["events"], second) if second is not None else ""
+    the page's events, in seconds from `barge_at`, when the user began to talk over it."""
+    second = run["second_turn"]  # asked for before the user talked over it
     shown = ("final", "clear", "player_cleared", "interrupted", "bot_done", "state")
     seen = [f"{_wall(run, e) - barge_at:+.2f} {e['type']}"
             f" {e.get('text') or e.get('state') or e.get('heard') or ''}".rstrip()
             for e in run["log"] if e["type"] in shown and _wall(run, e) > barge_at - 10]
-    turn_events = [(round(e.ts_ns / 1e9 + run["trace_wall_offset_s"] - barge_at, 2), e.turn, e.name) for e in run["events"]
-                   if e.stage == "turn" and e.turn is not None and second is not None and e.turn >= second]
-    return (f"second reply ({story_seconds(run['events'], second) if second is not None else 0:.1f} s of audio):"
-            f" {reply!r}; the page: {seen}; the server's turn events: {turn_events}")
+    turn_events = [(round(e.ts_ns / 1e9 + run["trace_wall_offset_s"] - barge_at, 2), e.turn, e.name)
+                   for e in run["events"] if e.stage == "turn" and e.turn is not None and e.turn >= second]
+    return (f"second reply ({story_seconds(run['events'], second):.1f} s of audio):"
+            f" {reply_text(run['events'], second)!r}; the page: {seen}; the server's turn events: {turn_events}")
 
 
 def test_echo_level_with_and_without_cancellation(cases):
