@@ -12,7 +12,7 @@ from agent.history import History
 from agent.records import TurnLog, TurnRecord
 from agent.reply import Reply
 from agent.speculation import SpeculationStats, same_transcript
-from agent.trace import Ev, Stage
+from agent.trace import CUT_BY_WORDS, Ev, Stage
 from transport.base import Transport
 
 
@@ -101,11 +101,11 @@ class Replies:
         after the pause: the far end dropped it)."""
         self.paused = False
         reply, self.current = self.current, None
-        await self.cancel_branch("barge-in")
+        await self.cancel_branch(CUT_BY_WORDS)
         if reply is None:
             return ""
         await reply.cancel()
-        self._keep_cut(reply, "barge-in")
+        self._keep_cut(reply, CUT_BY_WORDS)
         return reply.record.heard_text
 
     def resume(self) -> bool:

@@ -114,6 +114,9 @@ STAGES: tuple[str, ...] = (
 )
 
 
+CUT_BY_WORDS = "barge-in"  # Ev.INTERRUPTED's why when the user's words over the bot cut it
+
+
 class Ev:
     """Event names, per stage (see the module docstring for what each carries)."""
 
@@ -133,7 +136,7 @@ class Ev:
     # from the first frame of the user's speech over the bot)
     REPLY_PAUSED = "reply_paused"
     ECHO = "echo"  # words over the bot that were its own, heard back (text: what was heard)
-    INTERRUPTED = "interrupted"
+    INTERRUPTED = "interrupted"  # why: CUT_BY_WORDS, or why the session ended
     RESUME = "resume"
     GREETING = "greeting"
     REPLY_ERROR = "reply_error"

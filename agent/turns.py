@@ -110,7 +110,7 @@ from agent.endpointing import DEFAULT_POLICY, POLICIES, Features, combined_silen
 # spells them, case and hyphens aside: "Mm-hmm.", "MMHMM", "Mmh" (a partial's), "M-M-H-M-N" and
 # "M-H-M-S" (Whisper on cut hums), "hmm", "uh-huh", "um", "ah", "oh", "erm". None of them makes
 # speech over the bot an interruption.
-NONLEXICAL = re.compile(r"[mhn]+s?|(?:u+h+)+|u+m+|a+h+|o+h+|e+r+m*")
+NONLEXICAL = re.compile(r"[mhn]+s?|m+h+u+h+|(?:u+h+)+|u+m+|a+h+|o+h+|e+r+m*")
 
 
 def interrupting_words(text: str, backchannels: tuple[str, ...] = ()) -> int:

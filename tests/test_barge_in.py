@@ -124,7 +124,7 @@ def test_a_reply_that_ends_while_paused_leaves_nothing_to_resume():
 
 
 def test_interrupting_words_leave_out_backchannels_and_sound_tags():
-    quiet = ["Mm-hmm.", "MMHMM", "Mmh", "mhm", "M-M-H-M-N", "M-H-M-S", "uh-huh", "Um,", "oh", "[BLANK_AUDIO]",
+    quiet = ["Mm-hmm.", "MMHMM", "Mm-huh.", "Mmh", "mhm", "M-M-H-M-N", "M-H-M-S", "uh-huh", "Um,", "oh", "[BLANK_AUDIO]",
              "(coughs)", ""]
     assert [interrupting_words(t) for t in quiet] == [0] * len(quiet)
     assert [interrupting_words(t) for t in ["Hmm, wait.", "Yeah.", "stop please", "home", "Oh no", "man"]] == [1, 1, 2, 1, 1, 1]

@@ -473,6 +473,8 @@ def test_the_websocket_page_without_echo_cancellation_hears_itself(cases):
 
 
 def test_speaking_over_the_story_stops_the_webrtc_page_and_keeps_what_was_heard(cases):
+    from agent.trace import CUT_BY_WORDS
+
     run = cases("webrtc", True)
     log, events = run["log"], run["events"]
     barge_at = next(s["t"] for s in run["said"] if s["name"] == "barge_in")
@@ -492,7 +494,7 @@ def test_speaking_over_the_story_stops_the_webrtc_page_and_keeps_what_was_heard(
     assert "player_cleared" in types[i_clear:], "the page did not flush its player"
     page_cut = tail[types.index("interrupted")]
     # the server's cut of that reply: what the page was told was heard is what the history keeps
-    cut = [e for e in events if e.stage == "turn" and e.name == "interrupted" and e.args.get("why") == "barge-in"
+    cut = [e for e in events if e.stage == "turn" and e.name == "interrupted" and e.args.get("why") == CUT_BY_WORDS
            and e.args.get("heard") == page_cut["heard"] and e.turn >= run["second_turn"]]
     assert cut, (page_cut, [e.args for e in events if e.stage == "turn" and e.name == "interrupted"])
     heard, reply = cut[-1].args["heard"], reply_text(events, cut[-1].turn)

@@ -155,12 +155,16 @@ def server(tmp_path_factory):
         yield port, sip_port, d
 
 
-def session_trace(trace_dir: Path, prefix: str):
-    """The events of the one session whose id starts with `prefix`, once its trace is written."""
+def session_trace(trace_dir: Path, prefix: str, known: frozenset = frozenset()):
+    """The events of the one session whose id starts with `prefix` (apart from the `known` trace
+    files), once its trace is written."""
     from agent.trace_export import load_events
 
-    wait_until(lambda: list(trace_dir.glob(f"{prefix}*.trace.json")), 30, every=0.2)
-    found = sorted(trace_dir.glob(f"{prefix}*.trace.json"))
+    def found():
+        return sorted(set(trace_dir.glob(f"{prefix}*.trace.json")) - known)
+
+    wait_until(found, 30, every=0.2)
+    found = found()
     assert len(found) == 1, found
     return load_events(str(found[0]))
 
@@ -387,3 +391,58 @@ def test_wideband_talking_over_the_bot_clears_the_providers_buffer(wideband_call
     assert echoed and traced <= echoed  # only marks the provider reached count as played
     assert_context_is_what_was_heard(events)
 
+
+@pytest.fixture(scope="module")
+def backchannel_call(server, tmp_path_factory, phone_call):  # after the other calls (file order)
+    """A Twilio call: the caller asks for a story and says only "Mm-hmm." over it."""
+    import websockets
+
+    from transport.audio import resample
+
+    port, _, trace_dir = server
+    d = tmp_path_factory.mktemp("backchannel")
+    parts = {"lead": silence(1.0), "q": say("Please tell me a long story about a brave little dragon.", d / "q.wav"),
+             "gap": silence(5.0), "mm": say("Mm-hmm.", d / "mm.wav"), "tail": silence(7.0)}
+    marks, t = {}, 0.0
+    for name, p in parts.items():
+        marks[name] = (t, t + p.size / 16000)
+        t += p.size / 16000
+    marks["mm_speech"] = marks["mm"][0] + speech_onset_s(parts["mm"])
+    known = frozenset(trace_dir.glob("twilio*.trace.json"))
+
+    async def talk() -> FakeProvider:
+        async with websockets.connect(f"ws://127.0.0.1:{port}/twilio") as ws:
+            twilio = FakeProvider(ws, peer("twilio"))
+            await twilio.call(resample(np.concatenate(list(parts.values())), 16000, 8000))
+            return twilio
+
+    twilio = asyncio.run(talk())
+    return twilio, marks, session_trace(trace_dir, "twilio", known)
+
+
+def heard_over(events) -> list[str]:
+    """What the recognizer wrote for the speech over the story (its partials and final)."""
+    return [e.args.get("text") for e in events if e.stage == "asr" and e.name in ("partial", "final") and e.turn == 1]
+
+
+def test_twilio_backchannel_pauses_the_bot_and_it_resumes(backchannel_call):
+    """"Mm-hmm." over the story: Twilio's buffer is cleared at once (the bot yields), no words
+    come, and the story goes on from where the caller's earpiece stopped."""
+    twilio, marks, events = backchannel_call
+    from agent.trace import CUT_BY_WORDS, Ev, Stage
+
+    turn = [e for e in events if e.stage == Stage.TURN]
+    names = [e.name for e in turn]
+    assert Ev.REPLY_PAUSED in names, "the bot did not yield to the speech over it"
+    assert Ev.RESUME in names, f"the story did not resume after a wordless interruption: {heard_over(events)}"
+    cuts = [e.args for e in turn if e.name == Ev.INTERRUPTED and e.args.get("why") == CUT_BY_WORDS]
+    assert not cuts, f"a backchannel cut the story: {cuts}, heard {heard_over(events)}"
+    clears = [t for t, k, _ in twilio.log if k == "clear"]
+    assert clears and marks["mm"][0] < clears[0] < marks["mm"][1] + 1.5, (marks["mm"], clears)
+    resumed = [t for t, k, _ in twilio.log if k == "media" and t > clears[0]]
+    assert resumed, "no audio reached Twilio after the pause"
+    earpiece = np.concatenate(twilio.played).astype(np.float32) / 32768
+    after = earpiece[int((resumed[0] + 0.5) * 8000):int((resumed[0] + 2.5) * 8000)]
+    assert after.size and np.sqrt(np.mean(after ** 2)) > 0.01, "the caller heard nothing of the resumed story"
+    report_figure("backchannel_twilio", clear_ms=round((clears[0] - marks["mm_speech"]) * 1000),
+                  resumed_after_speech_end_ms=round((resumed[0] - marks["mm"][1]) * 1000))
