@@ -152,6 +152,18 @@ class TextTurnScorer:
         """P(end of message | the user said `text`, normalized), in [0, 1]."""
         np = self._np
         llm = self._llm
+        self._evaluate(text)
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float64)
+        e = np.exp(logits - logits.max())
+        return float(e[self._eot] / e.sum())
+
+    def warm(self, text: str) -> None:
+        """Evaluate the prompt up to `text` (the words so far, while the user speaks): the check
+        at the pause then evaluates only the words that changed after them."""
+        self._evaluate(text)
+
+    def _evaluate(self, text: str) -> None:
+        llm = self._llm
         toks = llm.tokenize((self._prefix + self.normalize(text)).encode(), add_bos=False, special=True)
         toks = toks[-(llm.n_ctx() - 1):]
         old = llm.input_ids[:llm.n_tokens].tolist()
@@ -160,9 +172,6 @@ class TextTurnScorer:
             n += 1  # reuse the evaluated prefix (the system prompt, the words said before)
         llm.n_tokens = n
         llm.eval(toks[n:])
-        logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float64)
-        e = np.exp(logits - logits.max())
-        return float(e[self._eot] / e.sum())
 
 
 class CombinedEou:
@@ -179,3 +188,6 @@ class CombinedEou:
 
     def text_probability(self, text: str) -> float:
         return self.text.probability(text)
+
+    def warm_text(self, text: str) -> None:
+        self.text.warm(text)

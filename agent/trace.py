@@ -143,6 +143,7 @@ class Ev:
     TURN_END = "turn_end"
     EOU_CHECK = "eou_check"
     TEXT_TURN_CHECK = "text_turn_check"  # the chat model's end-of-message probability ("combined")
+    TEXT_TURN_WARM = "text_turn_warm"  # ... its model reading a partial ahead of the check
     # asr
     PARTIAL = "partial"
     FINAL = "final"

@@ -102,3 +102,27 @@ def test_a_question_asked_about_at_the_first_silent_frame_is_complete(model, tmp
     bare, as_paused = model.probability(early), model.probability(as_of_pause(early, 0.03, 0.2))
     print(f"30 ms of silence: {bare:.3f}; as of the 0.2 s pause: {as_paused:.3f}")
     assert as_paused > 0.5
+
+
+def test_the_text_turn_model_read_ahead_on_a_partial_gives_the_same_verdict():
+    """`TextTurnScorer.warm` on the words so far leaves the check at the pause to read only the
+    words after them; its verdict is the one it gives from scratch."""
+    from agent.eou import TextTurnScorer
+
+    scorer = TextTurnScorer.load()
+    llm, read = scorer._llm, []
+    real_eval = llm.eval
+    llm.eval = lambda tokens: (read.append(len(tokens)), real_eval(tokens))[1]
+    final, partial = "How many legs does a spider have?", "How many legs does this spider"
+
+    def check_after(before: str, warm: bool) -> tuple[float, int]:
+        scorer.probability(before)  # something else in its cache
+        if warm:
+            scorer.warm(partial)
+        read.clear()
+        return scorer.probability(final), read[0]
+
+    cold, cold_tokens = check_after("Tell me a story about a dragon.", warm=False)
+    warm, warm_tokens = check_after("Tell me a story about a dragon.", warm=True)
+    assert warm == pytest.approx(cold, rel=1e-3)
+    assert warm_tokens <= 4 < cold_tokens, (warm_tokens, cold_tokens)  # " a spider have" after the partial
