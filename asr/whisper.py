@@ -146,6 +146,7 @@ class WhisperRecognizer:
         encoded = model.encode(x)
         if keep_going is not None and not keep_going():
             return None
+
         def generate(previous: list[int]):
             prompt = [*previous, *tok.sot_sequence, tok.no_timestamps]
             result = model.model.generate(
