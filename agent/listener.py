@@ -431,7 +431,9 @@ class Listener:
                     await self._read_ahead(ev.text)
                     await self._emit(HeardPartial(ev.text, ev.stable_text))
                     own = self._is_echo(ev.text)
-                    await self._run_commands(self.turns.on_words(self.t_audio, "" if own else ev.text))
+                    # only words the recognizer will not take back make an interruption: a
+                    # partial's tail can be a guess (half a hum over a phone line: "and and making")
+                    await self._run_commands(self.turns.on_words(self.t_audio, "" if own else ev.stable_text))
                     await self._state_changed()
                 elif isinstance(ev, Gap):
                     log.warning("recognizer gap %.2f-%.2f s: %s", ev.start_s, ev.end_s, ev.reason)

@@ -38,7 +38,7 @@ States::
 - Barge-in, in two steps: `barge_in_min_speech_s` of user speech while the bot thinks or speaks
   emits `PauseReply` and enters `interrupted`: the session holds the reply's audio at once (the
   far end drops what it buffered) and the reply waits, paused. Words in the utterance (its final
-  transcript, or `partial_words_to_interrupt` of them in a partial) make it a real interruption:
+  transcript, or `partial_words_to_interrupt` of a partial's stable words) make it a real interruption:
   `CancelReply`. An utterance whose final transcript
   holds none (a cough, a click, or only backchannels such as "mm-hmm", see `interrupting_words`)
   was not one: `ResumeReply` plays on from where the audio paused, and the transcript is not a
@@ -78,9 +78,11 @@ Defaults, and why:
 - `false_interruption_s` 2.0: LiveKit's false-interruption timeout, which also starts when the
   user stops speaking. Longer than `max_endpoint_s`: the utterance's end of turn and its final
   transcript decide first.
-- `partial_words_to_interrupt` 3: on a fragment of a hum Whisper guesses a word or two ("you",
-  "I'm", "and image" for the first second of flite's "Mm-hmm."). The bot is silent meanwhile, so
-  waiting for more words or the final costs nothing audible.
+- `partial_words_to_interrupt` 3, of the words the recognizer will not change (a partial's stable
+  prefix; Whisper's: the words two partials in a row agree on): on a fragment of a hum Whisper
+  guesses a word or two ("you", "I'm", "and image" for the first second of flite's "Mm-hmm.";
+  over a phone line three: "and and making"). The bot is silent meanwhile, so waiting for more
+  words or the final costs nothing audible.
 - `backchannels` none: only non-lexical sounds (`NONLEXICAL`) let the bot go on; "yeah" or
   "okay" over it interrupts it (Whisper wrote "MMHMM" for flite's "Mm-hmm.", "Mmh" mid-way).
 - `max_utterance_s` 25: Whisper decodes at most 30 s at once.
@@ -149,7 +151,7 @@ class TurnConfig:
     endpoint_silence_s: float = 0.5
     barge_in_min_speech_s: float = 0.1  # speech over the bot that pauses it
     false_interruption_s: float = 2.0  # silence after speech over the bot with no words: it resumes
-    partial_words_to_interrupt: int = 3  # words of a partial that make speech over the bot an interruption
+    partial_words_to_interrupt: int = 3  # stable words of a partial that make speech over the bot an interruption
     backchannels: tuple[str, ...] = ()  # words besides `NONLEXICAL` sounds that do not interrupt ("yeah", ...)
     max_utterance_s: float = 25.0
     preroll_s: float = 0.3  # audio before the detected speech start that the recognizer gets
@@ -371,8 +373,9 @@ class TurnMachine:
         return []
 
     def on_words(self, t: float, text: str) -> list[Command]:
-        """A partial transcript of the user's current utterance: enough words over the bot (not
-        backchannels) make the interruption real."""
+        """The words of the user's current utterance that the recognizer will not change (a
+        partial's stable prefix): enough of them over the bot (not backchannels) make the
+        interruption real."""
         c = self.config
         if self._interrupted_at is None or interrupting_words(text, c.backchannels) < c.partial_words_to_interrupt:
             return []

@@ -2,7 +2,9 @@
 from asyncio through a bounded queue. Shared by the model packages (llm, tts).
 
 Cancellation: when the consumer stops (break, aclose, task cancel) the worker sees a stop flag
-before producing its next item, so a generation stops within one token.
+before producing its next item, so a generation stops within one token. A stream closed while
+its worker still waits for the executor (a one-thread executor busy with another stream: a
+paused reply holds the model's thread) is dropped from the executor's queue, not waited for.
 
 On demand (`on_demand=True`): the worker computes an item only once the consumer has asked for
 it, so a consumer that stops reading for a while also stops the computation (a language model
@@ -114,7 +116,8 @@ async def iterate_in_thread(make_iter: Callable[[threading.Event], Iterator[T]],
                 close()  # a generator releases what it holds (a model lock) here, not at GC
         put(_DONE)
 
-    worker = loop.run_in_executor(executor or _POOL, work)
+    job = (executor or _POOL).submit(work)
+    worker = asyncio.wrap_future(job, loop=loop)
     try:
         while True:
             if on_demand:
@@ -127,9 +130,11 @@ async def iterate_in_thread(make_iter: Callable[[threading.Event], Iterator[T]],
             yield item
     finally:
         stop.set()
-        while not queue.empty():  # unblock a worker waiting on a full queue
-            queue.get_nowait()
-        try:
-            await asyncio.shield(worker)
-        except Exception:
-            pass
+        # a worker still queued behind another stream's (a paused reply's) never runs: nothing to wait for
+        if not job.cancel():
+            while not queue.empty():  # unblock a worker waiting on a full queue
+                queue.get_nowait()
+            try:
+                await asyncio.shield(worker)
+            except Exception:
+                pass

@@ -50,8 +50,12 @@ class ScriptedRecognizer:
     sample_rate = RATE
 
     def __init__(self, script: list[str], delay_s: float = 0.2, word_s: float = 0.15, slots: int | None = None,
-                 gap_at_s: float | None = None, fail_at_s: float | None = None):
+                 gap_at_s: float | None = None, fail_at_s: float | None = None,
+                 guesses: dict[int, tuple[str, str]] | None = None):
         self.script, self.delay_s, self.word_s, self.slots = script, delay_s, word_s, slots
+        # burst k -> a partial (text, stable text) given 0.3 s into it, before any of its words:
+        # a guess the recognizer may take back (Whisper's unstable tail)
+        self.guesses = guesses or {}
         self.gap_at_s, self.fail_at_s = gap_at_s, fail_at_s
         self.open_streams: list[ScriptedStream] = []
         self.opened = 0
@@ -79,6 +83,7 @@ class ScriptedStream:
         self._index = 0  # bursts seen
         self._pending: list[Word] = []  # words of the current burst, not yet emitted
         self._since_flush: list[str] = []
+        self._guess: tuple[str, str] | None = None  # the current burst's guess, until given
         self._gap_sent = self._failed = False
         self.fed_s = 0.0
         self.closed = False
@@ -92,6 +97,9 @@ class ScriptedStream:
                 if self._segment is None:
                     self._start_segment(self._t - frame.size / RATE)
                 self._segment = (self._segment[0], self._t)
+                if self._guess is not None and self._t - self._segment[0] >= 0.3:
+                    await self._events.put(Partial(*self._guess))
+                    self._guess = None
                 self._quiet = 0.0
             elif self._segment is not None:
                 self._quiet += frame.size / RATE
@@ -108,6 +116,7 @@ class ScriptedStream:
 
     def _start_segment(self, t: float) -> None:
         text = self.rec.script[self._index] if self._index < len(self.rec.script) else ""
+        self._guess = self.rec.guesses.get(self._index)
         self._index += 1
         words = text.split()
         self._segment = (t, t)

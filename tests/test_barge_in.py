@@ -9,6 +9,7 @@ import asyncio
 import time
 
 import numpy as np
+import pytest
 from doubles import EnergyVAD, ScriptedLLM, ScriptedRecognizer, ToneVoice, burst
 from helpers import await_until, is_word_prefix
 from test_turns import B, Driver, F, I, P, T, U
@@ -167,14 +168,14 @@ class RecordingVoice(ToneVoice):
             yield chunk
 
 
-async def converse(tmp_path, turns, script, llm):
+async def converse(tmp_path, turns, script, llm, guesses=None):
     wav = WavConversationTransport(turns, RATE, str(tmp_path / "out.wav"), gap_s=0.3, reply_timeout_s=8.0)
     far, voice = Recording(wav), RecordingVoice()
     cfg = SessionConfig(speculate=False)
     cfg.turns.use_eou = False  # silence alone ends turns (0.5 s)
     tracer = Tracer("t", capacity=1 << 14)
-    session = Session(Models(asr=ScriptedRecognizer(script), llm=llm, tts=voice, vad_factory=EnergyVAD), far, cfg,
-                      tracer=tracer)
+    asr = ScriptedRecognizer(script, guesses=guesses)
+    session = Session(Models(asr=asr, llm=llm, tts=voice, vad_factory=EnergyVAD), far, cfg, tracer=tracer)
     await asyncio.wait_for(session.run(), timeout=40)
     wav.close()
     return session, far, voice, tracer
@@ -268,6 +269,21 @@ async def test_a_backchannel_over_the_bot_resumes_it_and_is_not_answered(tmp_pat
     assert len(llm.requests) == 1, "the backchannel was not answered"
     assert [r.user_text for r in session.records] == ["tell me a story", ""]
     assert session.history[-1] == {"role": "assistant", "content": LONG}
+
+
+@pytest.mark.parametrize("stable", ["", "and and making"])
+async def test_only_words_the_recognizer_stands_by_cut_the_bot(tmp_path, stable):
+    """Half a hum over a phone line, guessed as three words in a partial ("and and making") that
+    the final takes back ("Mm-hmm."): a guess (not in the partial's stable text) leaves the bot
+    paused until the final, which resumes it; the same words stable cut it at once."""
+    turns, script = story_then(burst(0.5, seed=4), "mm-hmm")
+    llm = ScriptedLLM(LONG)
+    session, far, _, tracer = await converse(tmp_path, turns, script, llm, guesses={1: ("and and making", stable)})
+    if stable:
+        assert session.records[0].interrupted and not trace(tracer, Ev.RESUME)
+    else:
+        assert trace(tracer, Ev.RESUME) and not session.records[0].interrupted
+        assert session.history[-1] == {"role": "assistant", "content": LONG}
 
 
 async def test_the_bots_own_words_heard_back_resume_it(tmp_path):

@@ -101,3 +101,26 @@ async def test_a_reader_that_neither_reads_nor_closes_loses_the_stream(on_demand
         async for _ in items:
             pass
     pool.shutdown(wait=True)
+
+
+async def test_a_stream_closed_before_its_worker_started_is_not_waited_for():
+    """One model thread: a paused reply's stream holds it (on demand, not read); a second
+    stream queued behind it and closed (a speculation cancelled) returns at once, and its
+    generator never runs, instead of waiting until the first stream is given up on."""
+    one = ThreadPoolExecutor(1)
+    started = threading.Event()
+
+    def second(stop):
+        started.set()
+        yield 1
+
+    async with contextlib.aclosing(iterate_in_thread(counting([]), maxsize=2, on_demand=True, executor=one)) as paused:
+        assert await anext(paused) == 0  # its worker now waits for the next ask, on the only thread
+        queued = iterate_in_thread(second, maxsize=2, on_demand=True, executor=one)
+        reader = asyncio.ensure_future(anext(queued))
+        await asyncio.sleep(0.1)
+        reader.cancel()  # the session cancels the speculation: its reader ends, and its stream
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(reader), 1.0)
+        assert not started.is_set()
+    one.shutdown(wait=True)
