@@ -422,7 +422,9 @@ def backchannel_call(server, tmp_path_factory, phone_call):  # after the other c
 
 def heard_over(events) -> list[str]:
     """What the recognizer wrote for the speech over the story (its partials and final)."""
-    return [e.args.get("text") for e in events if e.stage == "asr" and e.name in ("partial", "final") and e.turn == 1]
+    from agent.trace import Ev, Stage
+
+    return [e.args.get("text") for e in events if e.stage == Stage.ASR and e.name in (Ev.PARTIAL, Ev.FINAL) and e.turn == 1]
 
 
 def test_twilio_backchannel_pauses_the_bot_and_it_resumes(backchannel_call):
