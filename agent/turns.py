@@ -283,15 +283,18 @@ class TurnMachine:
             # a quiet frame is still speech to Silero: the pause counts Silero's silence only
             self._silence_run = 0.0 if speech else self._silence_run + frame_s
 
+        def spoke(seconds: float) -> bool:  # to the nearest frame: 0.1 s is three 32 ms frames, not four
+            return self._speech_run >= seconds - frame_s / 2
+
         out: list[Command] = []
         s = self.state
         if s == State.LISTENING:
-            if self._speech_run >= c.min_speech_s:
+            if spoke(c.min_speech_s):
                 out.append(self._start_user(t, State.USER_SPEAKING))
         elif s in (State.USER_SPEAKING, State.INTERRUPTED):
             if (resume := self._check_false_interruption(t)):
                 return resume
-            if self._resumable and self._speech_run >= c.min_speech_s:
+            if self._resumable and spoke(c.min_speech_s):
                 self._resumable = False  # they went on after a short silence: drop its speculation
                 out.append(SpeechResumed(t))
             if t - self._utterance_start >= c.max_utterance_s:
@@ -313,7 +316,7 @@ class TurnMachine:
         elif s == State.ENDPOINT_PENDING:
             if (resume := self._check_false_interruption(t)):
                 return resume
-            if self._speech_run >= c.min_speech_s:
+            if spoke(c.min_speech_s):
                 self._paused = False
                 self._resumable = False
                 self._text_complete = False
@@ -327,7 +330,7 @@ class TurnMachine:
                 limit = c.endpoint_silence_s if short else c.max_endpoint_s
                 if self._silence_run >= limit:
                     out += self._end_turn(t, self._last_speech_end)
-        elif s in (State.THINKING, State.BOT_SPEAKING) and self._speech_run >= c.barge_in_min_speech_s:
+        elif s in (State.THINKING, State.BOT_SPEAKING) and spoke(c.barge_in_min_speech_s):
             if self._interrupted_at is None:  # else the reply is paused already (its final is due)
                 self._interrupted_at, self._resume_to = t, s
                 out.append(PauseReply(t, t - self._speech_run))

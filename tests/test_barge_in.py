@@ -45,9 +45,9 @@ def speaking() -> Driver:
 def test_the_first_frames_of_speech_over_the_bot_pause_it():
     d = speaking()
     n = len(d.log)
-    d.frames("###")  # 96 ms: not yet
+    d.frames("##")  # 64 ms: not yet
     assert d.log[n:] == [] and d.m.state == B
-    onset = round(d.t - 2 * F, 6)  # the first of those frames ended here
+    onset = round(d.t - F, 6)  # the first of those frames ended here
     d.frames("#")
     pause, start = d.log[n:]
     assert isinstance(pause, PauseReply) and isinstance(start, StartUtterance)

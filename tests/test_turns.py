@@ -83,7 +83,7 @@ def test_without_a_turn_model_silence_alone_ends_the_turn():
 def test_barge_in_during_bot_speech_needs_min_speech_then_words_make_it_real():
     d = Driver().frames("#" * 20 + "." * 8).eou(0.9)
     d.m.on_reply_started(d.t)
-    d.frames("#" * 3 + "." * 5)  # 96 ms: a click
+    d.frames("#" * 2 + "." * 5)  # 64 ms: a click (three frames, 96 ms, are speech)
     assert d.m.state == B and d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
     d.frames("#" * 10)
     assert d.kinds()[4:] == [PauseReply, StartUtterance]
@@ -147,7 +147,7 @@ def test_short_blip_is_not_speech():
 
 
 def test_max_utterance_forces_endpoint_once():
-    d = Driver(max_utterance_s=1.0).frames("#" * 35)
+    d = Driver(max_utterance_s=1.0).frames("#" * 34)
     assert d.kinds() == [StartUtterance, EndOfTurn] and d.m.state == T
     d.frames("#" * 20)  # the user keeps talking: one interruption, a new utterance
     assert d.kinds() == [StartUtterance, EndOfTurn, PauseReply, StartUtterance]
@@ -174,11 +174,11 @@ def test_decode_starts_at_the_first_silent_frame_and_going_on_resumes():
     assert abs(d.log[1].t_speech_end - 20 * F) < 1e-6
     d.frames("...")  # still the same silence: nothing new
     assert d.kinds() == [StartUtterance, SpeechStopped]
-    d.frames("###")  # 3 frames < min_speech_s: not yet "going on"
+    d.frames("##")  # 2 frames < min_speech_s (three): not yet "going on"
     assert d.kinds() == [StartUtterance, SpeechStopped]
     d.frames("#")  # the user went on before the pause: the speculation on that silence goes
     assert d.kinds() == [StartUtterance, SpeechStopped, SpeechResumed] and d.m.state == U
-    d.frames("##.")  # a new silence, a new decode
+    d.frames("###.")  # a new silence, a new decode
     assert d.kinds() == [StartUtterance, SpeechStopped, SpeechResumed, SpeechStopped]
     assert abs(d.log[3].t_speech_end - 30 * F) < 1e-6
     d.frames("......")
@@ -300,7 +300,7 @@ def test_a_greeting_is_a_reply_the_user_can_talk_over():
     d = Driver().frames("...")
     assert d.m.on_bot_initiated(d.t) and d.m.state == T
     d.m.on_reply_started(d.t)
-    d.frames("#" * 3 + ".")  # a click: the greeting goes on
+    d.frames("#" * 2 + ".")  # a click: the greeting goes on
     assert d.m.state == B and d.kinds() == []
     d.frames("#" * 5)
     assert d.kinds() == [PauseReply, StartUtterance] and d.m.state == I
