@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from asr.vad import pipecat_asset, quiet_onnx_session
+from llm.base import ReadAheadStop
 
 SAMPLE_RATE = 16000
 WINDOW_S = 8
@@ -157,10 +158,16 @@ class TextTurnScorer:
         e = np.exp(logits - logits.max())
         return float(e[self._eot] / e.sum())
 
-    def warm(self, text: str) -> None:
+    def warm(self, text: str, stop: ReadAheadStop | None = None) -> None:
         """Evaluate the prompt up to `text` (the words so far, while the user speaks): the check
-        at the pause then evaluates only the words that changed after them."""
-        self._evaluate(text)
+        at the pause then evaluates only the words that changed after them. Once `stop` is set
+        it gives up (the user stopped: the decode needs the cores)."""
+        if stop is not None and stop.is_set():
+            return
+        from llm.llamacpp import stoppable
+
+        with stoppable(self._llm, stop):
+            self._evaluate(text)
 
     def _evaluate(self, text: str) -> None:
         llm = self._llm
@@ -189,5 +196,5 @@ class CombinedEou:
     def text_probability(self, text: str) -> float:
         return self.text.probability(text)
 
-    def warm_text(self, text: str) -> None:
-        self.text.warm(text)
+    def warm_text(self, text: str, stop: ReadAheadStop | None = None) -> None:
+        self.text.warm(text, stop)

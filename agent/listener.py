@@ -30,6 +30,7 @@ from agent.workers import cancel_and_wait, run_in
 from asr.base import (
     Flushed, Gap, Partial, RecognizerFailed, RecognizerStream, StreamingRecognizer, Utterances, Word, WordEvent)
 from asr.ring import AudioRing
+from llm.base import ReadAheadStop
 from transport.audio import StreamResampler
 from transport.base import AudioIn
 from tts.chunking import ends_sentence
@@ -78,6 +79,12 @@ class PauseTranscript:
 
 
 @dataclass(frozen=True)
+class UserStopped:
+    """The user stopped speaking (maybe only for a moment): their words are being decoded now,
+    and read-aheads of the words so far give the decode the cores."""
+
+
+@dataclass(frozen=True)
 class UserResumed:
     """The user went on speaking after a pause: a speculation on it is void."""
 
@@ -110,8 +117,8 @@ class RecognizerLost:
     message: str
 
 
-ListenerEvent = (StateChange | UserStarted | UserSpokeOver | UserBargedIn | HeardPartial | PauseTranscript | UserResumed
-                 | TurnEnded | UserTranscript | FalseInterruption | RecognizerLost)
+ListenerEvent = (StateChange | UserStarted | UserSpokeOver | UserBargedIn | HeardPartial | PauseTranscript | UserStopped
+                 | UserResumed | TurnEnded | UserTranscript | FalseInterruption | RecognizerLost)
 
 
 @dataclass
@@ -164,6 +171,7 @@ class Listener:
         self._final_task: asyncio.Task | None = None
         self._eou_task: asyncio.Task | None = None
         self._eou_asked: float | None = None
+        self._read_ahead_stop = ReadAheadStop()  # the text turn model's current read-ahead
         self._events_task: asyncio.Task | None = None
         self._last_state = self.turns.state
         self._closing = False
@@ -187,6 +195,7 @@ class Listener:
 
     async def close(self) -> None:
         self._closing = True
+        self._read_ahead_stop.set()
         await cancel_and_wait(self._early_task, self._final_task, self._eou_task,
                               self._text_p[2] if self._text_p is not None else None)
         if self.stream is not None:
@@ -266,6 +275,8 @@ class Listener:
                 self._utterances.begin_utterance(self._utt_t0)
             await self._emit(UserStarted())
         elif isinstance(cmd, SpeechStopped):
+            self._read_ahead_stop.set()  # the decode goes first: beside it, both are slower
+            await self._emit(UserStopped())
             until = min(cmd.t_speech_end + self.config.final_pad_s, self.t_audio)
             self._early = (cmd.t_speech_end, until)
             previous = self._early_task
@@ -371,8 +382,12 @@ class Listener:
         if (read is None or self.turns.config.endpointing != "combined" or not self.turns.in_speech
                 or self.turns.state != State.USER_SPEAKING):
             return
-        with self.tracer.span(Stage.TURN, Ev.TEXT_TURN_WARM, turn=self._turn()):
-            await run_in("eou", read, partial)
+        self._read_ahead_stop = stop = ReadAheadStop()
+        span = self.tracer.begin(Stage.TURN, Ev.TEXT_TURN_WARM, turn=self._turn())
+        try:
+            await run_in("eou", read, partial, stop)
+        finally:
+            self.tracer.end(span, stopped=stop.is_set())
 
     def _is_echo(self, text: str) -> bool:
         if not self._echo(text):

@@ -26,6 +26,7 @@ from agent.trace import Ev, NullTracer, Stage, Tracer
 from agent.turns import State
 from agent.workers import cancel_and_wait, run_in
 from asr.base import RecognizerUnavailable
+from llm.base import ReadAheadStop
 from transport.base import AudioIn, ClientEvent, Played, Transport
 from transport.events import (
     BotDone, EndOfUserTurn, FinalTranscript, Interrupted, PartialTranscript, SessionError, SessionEvent,
@@ -51,6 +52,7 @@ class Session:
         self.replies = Replies(self._new_reply, self._history, self.records, transport, self.tracer)
         self._awaiting_final: deque[TurnRecord] = deque(maxlen=8)  # turns ended, transcript to come
         self._warm_task: asyncio.Task | None = None
+        self._warm_stop = ReadAheadStop()  # the current warm's
         self._chunk_ids = itertools.count()
         self._greeting_due = bool(self.config.greeting)
         self._ended = False  # run() is ending: warm no more prompts (their work would be wasted)
@@ -91,6 +93,7 @@ class Session:
         finally:
             self._ended = True
             await self.replies.end_with_session("session ended")
+            self._warm_stop.set()  # the model's thread is not kept reading for no one
             await cancel_and_wait(self._warm_task)
             await self.listener.close()
 
@@ -147,6 +150,8 @@ class Session:
         elif isinstance(ev, heard.PauseTranscript):
             if self.config.speculate and self.config.mode == "concurrent":
                 self.replies.speculate(ev.text)
+        elif isinstance(ev, heard.UserStopped):
+            self._warm_stop.set()  # the decode of their words needs the cores more than the read-ahead
         elif isinstance(ev, heard.UserResumed):
             self.tracer.instant(Stage.TURN, Ev.SPEECH_RESUMED, turn=turn)
             await self.replies.cancel_branch("user went on speaking")
@@ -258,11 +263,15 @@ class Session:
         if warm is None or self._ended or (self._warm_task is not None and not self._warm_task.done()):
             return
         messages = self._history.prompt(self.config.system_prompt, user_so_far)
+        self._warm_stop = stop = ReadAheadStop()
 
         async def run() -> None:
-            with self.tracer.span(Stage.LLM, Ev.WARM_CACHE, turn=len(self.records), messages=len(messages),
-                                  user_words=len((user_so_far or "").split())):
-                await run_in("llm-warm", warm, messages)
+            span = self.tracer.begin(Stage.LLM, Ev.WARM_CACHE, turn=len(self.records), messages=len(messages),
+                                     user_words=len((user_so_far or "").split()))
+            try:
+                await run_in("llm-warm", warm, messages, stop)
+            finally:
+                self.tracer.end(span, stopped=stop.is_set())
 
         self._warm_task = asyncio.create_task(run(), name="llm-warm")
 

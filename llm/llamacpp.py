@@ -11,13 +11,14 @@ loop, 30 tokens, three runs each). The OpenMP spin itself is set in agent/models
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
-from llm.base import Message
+from llm.base import Message, ReadAheadStop
 from llm.bridge import iterate_in_thread
 
 log = logging.getLogger("duplex.llm")
@@ -60,6 +61,58 @@ def load_llama(model_path: str, **kwargs):
         return Llama(model_path=str(model_path), verbose=False, **kwargs)
 
 
+_strlen = None
+_log_filter = None
+_ABORT_CLEANUP = b"removing memory module entries"  # what llama.cpp logs after an aborted decode
+
+
+def _stop_check():
+    """llama.cpp's abort callback (`bool (*)(void *)`), as a C function that reads a
+    `ReadAheadStop`'s byte: libc's strlen of its buffer is 0 (b"") or 1 (b"x"). A ctypes
+    callback in Python would take the GIL at every one of a decode's ~700 graph operations."""
+    global _strlen, _log_filter
+    if _strlen is None:
+        import llama_cpp
+        import llama_cpp._logger as logger
+        import llama_cpp.llama_cpp as lib
+
+        libc = ctypes.CDLL(None)
+        _strlen = lib.ggml_abort_callback(ctypes.cast(libc.strlen, ctypes.c_void_p).value)
+        # llama.cpp logs the cache entries it drops after an abort as an error; for a stopped
+        # read-ahead that is the plan. Everything else goes to llama-cpp-python's own logger.
+        inner = logger.llama_log_callback
+
+        @llama_cpp.llama_log_callback
+        def _log_filter(level, text, data):
+            if _ABORT_CLEANUP not in text:
+                inner(level, text, data)
+
+        llama_cpp.llama_log_set(_log_filter, ctypes.c_void_p(0))
+    return _strlen
+
+
+@contextlib.contextmanager
+def stoppable(llama, stop: ReadAheadStop | None):
+    """Evaluate with `llama` (a `llama_cpp.Llama`, on its own thread) until `stop` is set:
+    llama.cpp then aborts the decode within a graph operation (~3-5 ms here) and drops that
+    batch's cache entries; the tokens evaluated before it stay (`Llama.eval` counts only whole
+    batches). The abort is not an error here. Without `stop`, a plain evaluation."""
+    if stop is None:
+        yield
+        return
+    import llama_cpp.llama_cpp as lib
+
+    ctx = llama._ctx.ctx
+    lib.llama_set_abort_callback(ctx, _stop_check(), ctypes.cast(stop.buffer, ctypes.c_void_p))
+    try:
+        yield
+    except RuntimeError:
+        if not stop.is_set():
+            raise  # a failure of llama.cpp's own, not our stop
+    finally:
+        lib.llama_set_abort_callback(ctx, lib.ggml_abort_callback(0), None)
+
+
 class LlamaCppChat:
     def __init__(self, model_path: str, n_ctx: int = 2048, n_threads: int | None = None,
                  temperature: float = 0.2, max_tokens: int = 96, seed: int = 0, name: str | None = None):
@@ -87,14 +140,17 @@ class LlamaCppChat:
             finally:
                 chunks.close()
 
-    def warm(self, messages: list[Message]) -> None:
-        self._thread.submit(self._warm, list(messages)).result()
+    def warm(self, messages: list[Message], stop: ReadAheadStop | None = None) -> None:
+        self._thread.submit(self._warm, list(messages), stop).result()
 
-    def _warm(self, messages: list[Message]) -> None:
+    def _warm(self, messages: list[Message], stop: ReadAheadStop | None) -> None:
         # llama.cpp reuses the longest common prefix of its evaluated tokens with the next
         # prompt; one generated token is the cheapest way to get the prefix evaluated.
         with self._lock:
-            self._llm.create_chat_completion(messages=messages, max_tokens=1, temperature=0.0)
+            if stop is not None and stop.is_set():
+                return
+            with stoppable(self._llm, stop):
+                self._llm.create_chat_completion(messages=messages, max_tokens=1, temperature=0.0)
 
     def stream(self, messages: list[Message], max_tokens: int | None = None) -> AsyncIterator[str]:
         # Return the bridge's generator itself (not a wrapper around it), so that closing the

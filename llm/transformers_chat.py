@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from llm.base import Message
+from llm.base import Message, ReadAheadStop
 from llm.bridge import iterate_in_thread
 
 PREFIX = "hf:"
@@ -122,14 +122,17 @@ class TransformersChat:
                     piece, said = text[len(said):], text
                     yield piece
 
-    def warm(self, messages: list[Message]) -> None:
+    def warm(self, messages: list[Message], stop: ReadAheadStop | None = None) -> None:
         """Evaluate the prompt for `messages` now (blocking), so that a request that starts with
         it only evaluates what follows (the session warms the system prompt and partial
-        transcripts while the user speaks)."""
-        self._thread.submit(self._warm, list(messages)).result()
+        transcripts while the user speaks). A `stop` set before it begins skips it; once begun,
+        its one forward runs to the end."""
+        self._thread.submit(self._warm, list(messages), stop).result()
 
-    def _warm(self, messages: list[Message]) -> None:
+    def _warm(self, messages: list[Message], stop: ReadAheadStop | None) -> None:
         with self._lock:
+            if stop is not None and stop.is_set():
+                return
             for _ in self._tokens(messages, 1, threading.Event()):
                 pass
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import AsyncIterator, Callable
 
 import numpy as np
@@ -171,11 +172,12 @@ class ScriptedLLM:
 
     name = "scripted-llm"
 
-    def __init__(self, replies: str | Callable[[str], str] = "OK.", token_s: float = 0.01):
-        self.replies, self.token_s = replies, token_s
+    def __init__(self, replies: str | Callable[[str], str] = "OK.", token_s: float = 0.01, warm_s: float = 0.0):
+        self.replies, self.token_s, self.warm_s = replies, token_s, warm_s
         self.requests: list[list[dict]] = []
         self.cancelled = 0
         self.warmed: list[list[dict]] = []
+        self.warms_stopped = 0
 
     def answer(self, user: str) -> str:
         return self.replies(user) if callable(self.replies) else self.replies
@@ -192,8 +194,17 @@ class ScriptedLLM:
             self.cancelled += 1
             raise
 
-    def warm(self, messages) -> None:
+    def warm(self, messages, stop=None) -> None:
+        """Records the prompt; with `warm_s`, a read-ahead of the user's words so far (a prompt
+        that ends with theirs) takes that long (blocking, as a model's would) or until `stop` is
+        set, and counts the read-aheads stopped."""
         self.warmed.append([dict(m) for m in messages])
+        deadline = time.monotonic() + (self.warm_s if messages and messages[-1]["role"] == "user" else 0.0)
+        while time.monotonic() < deadline:
+            if stop is not None and stop.is_set():
+                self.warms_stopped += 1
+                return
+            time.sleep(0.005)
 
 
 class ToneVoice:

@@ -126,3 +126,33 @@ def test_the_text_turn_model_read_ahead_on_a_partial_gives_the_same_verdict():
     warm, warm_tokens = check_after("Tell me a story about a dragon.", warm=True)
     assert warm == pytest.approx(cold, rel=1e-3)
     assert warm_tokens <= 4 < cold_tokens, (warm_tokens, cold_tokens)  # " a spider have" after the partial
+
+
+def test_a_stopped_text_read_ahead_leaves_the_verdict_as_from_scratch():
+    """The listener stops the text turn model's read-ahead when the user stops speaking: the
+    decode aborts at once, and the check at the pause gives the verdict it gives from scratch."""
+    from agent.eou import TextTurnScorer
+    from llm.base import ReadAheadStop
+
+    scorer = TextTurnScorer.load()
+    llm, stop, aborted = scorer._llm, ReadAheadStop(), []
+    real_eval = llm.eval
+    final = "How many legs does a spider have?"
+    cold = scorer.probability(final)
+    scorer.probability("Tell me a story about a dragon.")  # something else in its cache
+
+    def eval_then_stop(tokens):
+        stop.set()  # while llama.cpp decodes these tokens
+        try:
+            return real_eval(tokens)
+        except RuntimeError:
+            aborted.append(len(tokens))
+            raise
+
+    llm.eval = eval_then_stop
+    try:
+        scorer.warm("How many legs does this spider", stop)
+    finally:
+        del llm.eval
+    assert aborted
+    assert scorer.probability(final) == pytest.approx(cold, rel=1e-3)

@@ -116,3 +116,46 @@ async def test_every_llama_call_runs_on_the_one_model_thread(model):
     finally:
         del model._llm.create_chat_completion
     assert len(seen) == 1 and next(iter(seen)).startswith("llama"), seen
+
+
+async def test_a_stopped_read_ahead_ends_mid_decode_and_leaves_the_cache_whole(model):
+    """The session stops a read-ahead when the user stops speaking (their words' decode needs
+    the cores): llama.cpp aborts the decode it is in, keeps only whole batches, and the next
+    request answers as it would have without the read-ahead."""
+    from llm.base import ReadAheadStop
+
+    question = [SYSTEM, {"role": "user", "content": "What is the capital of France?"}]
+
+    async def answer() -> str:
+        return "".join([p async for p in model.stream(question, max_tokens=8)])
+
+    model._llm.reset()
+    expected = await answer()
+    model.warm([SYSTEM])
+    before = model._llm.n_tokens
+    llm, stop, aborted = model._llm, ReadAheadStop(), []
+    real_eval = llm.eval
+
+    def eval_then_stop(tokens):  # the stop comes while llama.cpp decodes these tokens
+        stop.set()
+        try:
+            return real_eval(tokens)
+        except RuntimeError as e:
+            aborted.append(str(e))
+            raise
+
+    llm.eval = eval_then_stop
+    try:
+        await asyncio.to_thread(model.warm, [*question[:1], {"role": "user", "content": LONG_STORY[-1]["content"]}], stop)
+    finally:
+        del llm.eval
+    assert aborted, "llama.cpp's decode was not aborted"
+    assert llm.n_tokens <= before  # the shared prefix at most: nothing of the aborted batch counts
+    assert await answer() == expected  # and the stop does not reach a later generation
+    evals: list[int] = []
+    llm.eval = lambda tokens: (evals.append(len(tokens)), real_eval(tokens))[1]
+    try:
+        model.warm([SYSTEM, {"role": "user", "content": "Name a fruit."}], stop)  # stopped before it began
+    finally:
+        del llm.eval
+    assert evals == []

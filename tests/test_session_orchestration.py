@@ -212,3 +212,20 @@ async def test_talking_over_the_greeting_keeps_only_what_was_heard_of_it(tmp_pat
     assert session.history[:2] == [{"role": "assistant", "content": cut.heard_text},
                                    {"role": "user", "content": "what are your hours"}]
     assert answer.reply_text == "Sure."
+
+
+async def test_the_llm_read_ahead_gives_way_when_the_user_stops_speaking(tmp_path):
+    # a partial 0.3 s into the burst starts the LLM's read-ahead of the words so far; once the
+    # user stops, their words' decode needs the cores, and the read-ahead ends there
+    llm = ScriptedLLM("Four legs.", warm_s=20.0)
+    session, wav, tracer = await converse(tmp_path, [turn(with_silence(burst(0.8)))],
+                                          ScriptedRecognizer(["how many legs"], guesses={0: ("how many", "how")}),
+                                          llm)
+    (rec,) = list(session.records)
+    assert rec.reply_text == "Four legs."
+    assert llm.warms_stopped == 1
+    events = tracer.events()
+    warm = next(e for e in events if e.name == Ev.WARM_CACHE and (e.args or {}).get("user_words"))
+    assert warm.args["stopped"] is True
+    endpoint = next(e for e in events if e.name == Ev.ENDPOINT)
+    assert warm.ts_ns + warm.dur_ns < endpoint.ts_ns  # it gave way before the turn even ended
