@@ -177,7 +177,7 @@ class ScriptedLLM:
         self.requests: list[list[dict]] = []
         self.cancelled = 0
         self.warmed: list[list[dict]] = []
-        self.warms_stopped = 0
+        self.warms_stopped: list[str] = []
 
     def answer(self, user: str) -> str:
         return self.replies(user) if callable(self.replies) else self.replies
@@ -197,12 +197,12 @@ class ScriptedLLM:
     def warm(self, messages, stop=None) -> None:
         """Records the prompt; with `warm_s`, a read-ahead of the user's words so far (a prompt
         that ends with theirs) takes that long (blocking, as a model's would) or until `stop` is
-        set, and counts the read-aheads stopped."""
+        set, and records the user's words of each read-ahead stopped."""
         self.warmed.append([dict(m) for m in messages])
         deadline = time.monotonic() + (self.warm_s if messages and messages[-1]["role"] == "user" else 0.0)
         while time.monotonic() < deadline:
             if stop is not None and stop.is_set():
-                self.warms_stopped += 1
+                self.warms_stopped.append(messages[-1]["content"])
                 return
             time.sleep(0.005)
 

@@ -223,7 +223,7 @@ async def test_the_llm_read_ahead_gives_way_when_the_user_stops_speaking(tmp_pat
                                           llm)
     (rec,) = list(session.records)
     assert rec.reply_text == "Four legs."
-    assert llm.warms_stopped == 1
+    assert "how many" in llm.warms_stopped
     events = tracer.events()
     warm = next(e for e in events if e.name == Ev.WARM_CACHE and (e.args or {}).get("user_words"))
     assert warm.args["stopped"] is True
