@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import logging
 import time
@@ -264,12 +265,14 @@ class Session:
             return
         messages = self._history.prompt(self.config.system_prompt, user_so_far)
         self._warm_stop = stop = ReadAheadStop()
+        # a warmer written before `stop` existed reads ahead to the end, as it always did
+        args = (messages, stop) if "stop" in inspect.signature(warm).parameters else (messages,)
 
         async def run() -> None:
             span = self.tracer.begin(Stage.LLM, Ev.WARM_CACHE, turn=len(self.records), messages=len(messages),
                                      user_words=len((user_so_far or "").split()))
             try:
-                await run_in("llm-warm", warm, messages, stop)
+                await run_in("llm-warm", warm, *args)
             finally:
                 self.tracer.end(span, stopped=stop.is_set())
 

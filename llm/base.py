@@ -22,8 +22,8 @@ class ChatModel(Protocol):
 class ReadAheadStop:
     """Stops one read-ahead (`PromptCacheWarmer.warm`) from any thread: the user stopped
     speaking, and the decode of their words needs the cores now (beside a read-ahead on two
-    cores it took ~130 ms longer). Its one byte is readable from C, so that llama.cpp can check
-    it between graph operations without taking the GIL (llm/llamacpp.py `stoppable`)."""
+    cores both are slower). Its one byte is readable from C, so that llama.cpp can check it
+    between graph operations without taking the GIL (llm/llamacpp.py `stoppable`)."""
 
     def __init__(self):
         self.buffer = ctypes.create_string_buffer(2)  # b"" goes on, b"x" stops
@@ -41,4 +41,5 @@ class PromptCacheWarmer(Protocol):
     def warm(self, messages: list[Message], stop: ReadAheadStop | None = None) -> None:
         """Blocking: evaluate the prompt for `messages` now, so that a later request that starts
         with them only processes what follows. Once `stop` is set it ends as soon as it can,
-        keeping what it evaluated whole (or nothing); a set `stop` before it begins skips it."""
+        keeping what it evaluated whole (or nothing); a set `stop` before it begins skips it.
+        (The session calls a `warm` without a `stop` parameter with the messages alone.)"""

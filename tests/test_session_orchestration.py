@@ -229,3 +229,17 @@ async def test_the_llm_read_ahead_gives_way_when_the_user_stops_speaking(tmp_pat
     assert warm.args["stopped"] is True
     endpoint = next(e for e in events if e.name == Ev.ENDPOINT)
     assert warm.ts_ns + warm.dur_ns < endpoint.ts_ns  # it gave way before the turn even ended
+
+
+async def test_a_warmer_that_takes_no_stop_still_reads_ahead(tmp_path):
+    class OlderWarmer(ScriptedLLM):  # a user's model, written before `warm` took a stop
+        def warm(self, messages) -> None:
+            self.warmed.append([dict(m) for m in messages])
+
+    llm = OlderWarmer("Four legs.")
+    session, _, tracer = await converse(tmp_path, [turn(with_silence(burst(0.8)))],
+                                        ScriptedRecognizer(["how many legs"], guesses={0: ("how many", "how")}), llm)
+    (rec,) = list(session.records)
+    assert rec.reply_text == "Four legs."
+    assert any(m[-1]["content"] == "how many" for m in llm.warmed)  # the partial was read ahead
+    assert not [e for e in tracer.events() if e.name == Ev.WARM_CACHE and (e.args or {}).get("error")]
