@@ -12,8 +12,10 @@ the event loop's but through `call_soon_threadsafe`:
   reply pieces started and ended in that block as `Played` events, stamped and delivered at the
   time PortAudio says the block reaches the DAC (the device's buffer ahead of it), so that the
   words counted as heard are the ones that have left the speaker. `clear` (a barge-in) empties
-  the buffer at once; what PortAudio and the device already hold (`output_latency_s`, tens of
-  ms) still plays.
+  the buffer at once; what PortAudio and the device already hold (`output_latency_s`, ~0.1 s)
+  still plays. The speaker's buffer is `speaker_buffer_s` (0.1 s), not PortAudio's low-latency
+  default: with ~40 ms a process busy with its models on two cores missed the callback's
+  deadline, and the card lost reply audio (ALSA underruns: words cut from the reply).
 
 The conversation ends (`receive` returns None) after `duration_s`, or when the microphone's
 stream ends (the device went away).
@@ -46,7 +48,7 @@ class LocalAudioTransport:
 
     def __init__(self, input_device: int | str | None = None, output_device: int | str | None = None,
                  input_rate: int = 16000, output_rate: int | None = None, max_backlog_s: float = 2.0,
-                 duration_s: float | None = None, echo_text: bool = True) -> None:
+                 duration_s: float | None = None, echo_text: bool = True, speaker_buffer_s: float = 0.1) -> None:
         import sounddevice as sd  # PortAudio is loaded only when a sound card is used
 
         self._sd = sd
@@ -55,6 +57,7 @@ class LocalAudioTransport:
         self.output_rate = output_rate or int(sd.query_devices(output_device, "output")["default_samplerate"])
         self.max_blocks = max(1, int(max_backlog_s / BLOCK_S))
         self.duration_s, self.echo_text = duration_s, echo_text
+        self.speaker_buffer_s = speaker_buffer_s
         self.dropped_blocks = 0
         self.xruns = 0  # blocks the card reported lost (input overflow, output underflow)
         self.output_latency_s: float | None = None
@@ -77,7 +80,8 @@ class LocalAudioTransport:
                              blocksize=int(self.input_rate * BLOCK_S), callback=self._on_mic,
                              finished_callback=self._on_mic_finished)
         speaker = sd.OutputStream(device=self.output_device, samplerate=self.output_rate, channels=1, dtype="int16",
-                                  blocksize=self._playback.frame, callback=self._on_speaker)
+                                  blocksize=self._playback.frame, callback=self._on_speaker,
+                                  latency=self.speaker_buffer_s)
         self._streams = [mic, speaker]
         for s in self._streams:
             await asyncio.to_thread(s.start)
