@@ -83,8 +83,23 @@ def launch_with_file_mic(pw, wav) -> object:
         f"--use-file-for-fake-audio-capture={wav}%noloop"])
 
 
-def run_page(url: str, wav: Path, total_s: float, transport: str) -> list[dict]:
-    """Chromium opens the page at `url` over `transport`, speaks `wav` and returns its log."""
+# Holds the page's main thread for `for_ms` from `at_ms` after the microphone started, as a busy
+# web app's own work would, and logs when ({type: "main_blocked", from, to}).
+BLOCK_MAIN = """([atMs, forMs]) => {
+  const mic = window.duplexLog.find((e) => e.type === "mic_started").page_ms;
+  setTimeout(() => {
+    const from = performance.now();
+    while (performance.now() - from < forMs);
+    window.duplexLog.push({ type: "main_blocked", from, to: performance.now() });
+  }, Math.max(0, mic + atMs - performance.now()));
+}"""
+
+
+def run_page(url: str, wav: Path, total_s: float, transport: str,
+             block_main: tuple[float, float] | None = None) -> list[dict]:
+    """Chromium opens the page at `url` over `transport`, speaks `wav` and returns its log.
+    `block_main`: (at_s, for_s), the page's main thread held busy for for_s from at_s into the
+    microphone's audio."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
@@ -93,6 +108,8 @@ def run_page(url: str, wav: Path, total_s: float, transport: str) -> list[dict]:
         page = browser.new_page()
         page.goto(url + f"/?autostart=1&aec=0&transport={transport}")
         page.wait_for_function("window.duplexLog.some(e => e.type === 'mic_started')", timeout=30_000)
+        if block_main is not None:
+            page.evaluate(BLOCK_MAIN, [block_main[0] * 1000, block_main[1] * 1000])
         page.wait_for_timeout(int(total_s * 1000))  # the microphone file plays out at real time
         # then what the checks below need (a loaded machine may still be finishing it), or 60 s
         with contextlib.suppress(PlaywrightTimeout):
@@ -188,3 +205,29 @@ def test_browser_conversation(transport, conversation_wav, trace_dir, recognizer
     assert min(e.ts_ns for e in playout) >= min(e.ts_ns for e in sends) - 50_000_000
     m2e = [e for e in events if e.stage == "client" and e.name == "mouth_to_ear"]
     assert m2e and m2e[0].args["ms"] == pytest.approx(heard[m2e[0].turn], abs=0.5)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (scripts/setup.sh installs it)")
+def test_a_busy_main_thread_does_not_hold_up_the_barge_in(conversation_wav, recognizer, request):
+    """Over the WebSocket the mic's frames and the server's `clear` bypass the page's main thread
+    (the socket is a worker's): with the main thread held busy through the barge-in, the bot is
+    still stopped while it is held, and nothing of the interrupted reply plays after."""
+    if recognizer:
+        pytest.skip("one run is enough: the remote recognizer is the conversation test's")
+    wav, marks = conversation_wav
+    speech = marks["barge_in_speech"]
+    log = run_page(request.getfixturevalue("server"), wav, marks["tail"][1], "ws", block_main=(speech - 0.2, 4.0))
+    blocked = next(e for e in log if e["type"] == "main_blocked")
+    types = [e["type"] for e in log]
+    assert "interrupted" in types, "speaking over the bot did not interrupt it"
+    i_clear = types.index("clear")
+    cleared = next(e for e in log[i_clear:] if e["type"] == "player_cleared")
+    mic_ms = next(e for e in log if e["type"] == "mic_started")["page_ms"]
+    report_figure("barge_in_page", transport="ws, main thread busy",
+                  player_cleared_ms=round(cleared["page_ms"] - mic_ms - speech * 1000))
+    assert blocked["from"] <= cleared["page_ms"] < blocked["to"], (
+        f"the player was cleared {cleared['page_ms'] - blocked['to']:.0f} ms after the main thread was free again")
+    ids_before = {e["id"] for e in log[:i_clear] if e["type"] == "audio"}
+    i_cleared = log.index(cleared)
+    replayed = [e for e in log[i_cleared:] if e["type"] == "player_started" and e["id"] in ids_before]
+    assert not replayed, f"audio of the interrupted reply kept playing: {replayed[:3]}"

@@ -3,28 +3,26 @@
 //    element (the output every browser's echo canceller covers; Web Audio output not always),
 //    events on a data channel;
 //  - WebSocket (?transport=ws, and when WebRTC fails): mic worklet -> PCM frames -> server;
-//    server PCM -> flushable player worklet.
+//    server PCM -> flushable player worklet. The socket is a worker's (socket-worker.js), so
+//    neither the mic's frames nor a `clear` wait on this thread.
 // window.duplexLog records every event, for people reading the console and for tests.
 "use strict";
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const LOG_MAX = 5000;  // window.duplexLog keeps the most recent events only (sessions last hours)
 const log = (window.duplexLog = []);
-let ws, micCtx, playCtx, player, clockOffset = 0, bestRtt = Infinity;
+let socket, wsOpen = false, micCtx, playCtx, player, clockOffset = 0, bestRtt = Infinity;
 let pc, dc, replyAudio, replyStream;  // WebRTC
 let transportName = "";
 const pendingPlays = new Map();  // WebRTC: chunk id -> timer of its estimated playout start
 let playoutDelayMs = 60;         // WebRTC: jitter buffer delay, from getStats (a start value)
 const turns = {};          // turn -> {speechEnd (server ms), heard (ms)}
 let currentTurn = -1, botLine = null;
-// capture time (page clock) of each 20 ms mic frame sent, by frame index: maps the server's
-// stream time of the end of speech back to when the user actually stopped talking
-const FRAME_RING = 3000, frameTimes = new Float64Array(FRAME_RING);
-let framesSent = 0;
 let micLatencyMs = 0, outLatencyMs = 0;  // device latencies the browser reports, when it does
 
-function record(ev) {
-  ev.page_ms = performance.now();
+// `at`: when it happened, on the page clock (the socket worker's stamp), if not now
+function record(ev, at) {
+  ev.page_ms = at === undefined ? performance.now() : at;
   log.push(ev);
   if (log.length > LOG_MAX) log.splice(0, log.length - LOG_MAX);
 }
@@ -34,8 +32,12 @@ function line(cls, text) { const p = document.createElement("p"); p.className = 
 const token = params.get("token");
 const tokenQuery = token ? "?token=" + encodeURIComponent(token) : "";
 
-function canSend() { return transportName === "webrtc" ? dc && dc.readyState === "open" : ws && ws.readyState === 1; }
-function sendJSON(obj) { if (canSend()) (transportName === "webrtc" ? dc : ws).send(JSON.stringify(obj)); }
+function canSend() { return transportName === "webrtc" ? dc && dc.readyState === "open" : wsOpen; }
+function sendJSON(obj) {
+  if (!canSend()) return;
+  if (transportName === "webrtc") dc.send(JSON.stringify(obj));
+  else socket.postMessage({ type: "send", text: JSON.stringify(obj) });
+}
 function showTransport(name, why) {
   transportName = name;
   $("transport").textContent = name === "webrtc" ? "WebRTC (Opus)" : "WebSocket (PCM)";
@@ -65,21 +67,25 @@ async function start() {
 
 async function startWebSocket(why) {
   const url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws" + tokenQuery;
-  ws = new WebSocket(url);
-  ws.binaryType = "arraybuffer";
+  socket = new Worker("/static/socket-worker.js");
   try {
-    await new Promise((ok, bad) => { ws.onopen = ok; ws.onerror = bad; });
+    await new Promise((ok, bad) => {
+      socket.onmessage = (e) => (e.data.type === "open" ? ok() : bad());
+      socket.onerror = bad;
+      socket.postMessage({ type: "open", url, page_origin: performance.timeOrigin });
+    });
   } catch (e) {
+    socket.terminate();
     // a browser hides why an upgrade was refused; /readyz says it (full, busy, draining)
     const why = await fetch("/readyz").then((r) => (r.ok ? "" : r.text())).catch(() => "");
     refusedText(why);
     return;
   }
+  wsOpen = true;
   showTransport("ws", why);
-  ws.onmessage = onMessage;
-  ws.onclose = () => { $("state").textContent = "disconnected"; record({ type: "closed" }); };
+  socket.onmessage = onSocket;
   const ready = new Promise((ok) => (window._ready = ok));
-  ws.send(JSON.stringify({ type: "hello", sample_rate: 16000 }));
+  sendJSON({ type: "hello", sample_rate: 16000 });
   const info = await ready;
 
   // Playback first, so the first reply can never arrive before the player exists.
@@ -87,7 +93,7 @@ async function startWebSocket(why) {
   await playCtx.audioWorklet.addModule("/static/player-worklet.js");
   player = new AudioWorkletNode(playCtx, "player", { outputChannelCount: [1] });
   player.connect(playCtx.destination);
-  player.port.onmessage = onPlayer;
+  givePort(player, "player");
 
   // Mic: wait until the worklet renders before asking for the microphone.
   micCtx = new AudioContext({ sampleRate: 16000, latencyHint: "interactive" });
@@ -95,7 +101,9 @@ async function startWebSocket(why) {
   const mic = new AudioWorkletNode(micCtx, "mic");
   const mute = micCtx.createGain(); mute.gain.value = 0;
   mic.connect(mute).connect(micCtx.destination);
-  await new Promise((ok) => { mic.port.onmessage = (e) => { if (e.data.type === "rendering") ok(); }; });
+  const rendering = new Promise((ok) => { mic.port.onmessage = (e) => { if (e.data.type === "rendering") ok(); }; });
+  givePort(mic, "mic");
+  await rendering;
   record({ type: "worklet_rendering" });
   const processing = params.get("aec") !== "0";
   const stream = await navigator.mediaDevices.getUserMedia({ audio: {
@@ -103,13 +111,6 @@ async function startWebSocket(why) {
   record({ type: "mic_started" });
   micLatencyMs = 1000 * (stream.getAudioTracks()[0].getSettings().latency || 0);
   outLatencyMs = 1000 * ((playCtx.outputLatency || 0) + (playCtx.baseLatency || 0));
-  mic.port.onmessage = (e) => {
-    if (e.data.type === "frame" && canSend()) {
-      frameTimes[framesSent % FRAME_RING] = performance.now();
-      framesSent++;
-      ws.send(e.data.pcm);
-    }
-  };
   micCtx.createMediaStreamSource(stream).connect(mic);
   await playCtx.resume(); await micCtx.resume();
   setInterval(ping, 2000); ping();
@@ -177,7 +178,7 @@ async function startWebRTC() {
     });
   });
   showTransport("webrtc", params.get("transport") === "webrtc" ? "?transport=webrtc" : "default");
-  dc.onmessage = (e) => onMessage({ data: e.data });
+  dc.onmessage = (e) => onEvent(JSON.parse(e.data), performance.now());
   dc.onclose = () => { $("state").textContent = "disconnected"; record({ type: "closed" }); };
   const ready = new Promise((ok) => (window._ready = ok));
   dc.send(JSON.stringify({ type: "hello", played_marks: "page" }));  // we report what plays
@@ -241,7 +242,26 @@ function flushReplyAudio() {
   record({ type: "player_cleared" });
 }
 
-function ping() { sendJSON({ type: "ping", t: performance.now() }); }
+// a worklet and the socket worker talk on a channel of their own
+function givePort(node, name) {
+  const ch = new MessageChannel();
+  node.port.postMessage({ type: "port", port: ch.port1 }, [ch.port1]);
+  socket.postMessage({ type: name, port: ch.port2 }, [ch.port2]);
+}
+
+// WebSocket: what the socket worker says, each with its own time
+function onSocket(e) {
+  const w = e.data;
+  if (w.type === "event") onEvent(w.m, w.t);
+  else if (w.type === "audio") record({ type: "audio", id: w.id, samples: w.samples }, w.t);
+  else if (w.type === "player") onPlayer(w.m, w.t);
+  else if (w.type === "closed") { wsOpen = false; $("state").textContent = "disconnected"; record({ type: "closed" }); }
+}
+
+function ping() {
+  if (transportName === "webrtc") sendJSON({ type: "ping", t: performance.now() });
+  else if (wsOpen) socket.postMessage({ type: "ping" });  // stamped as it leaves
+}
 
 function started(id, now) {
   record({ type: "player_started", id });
@@ -255,28 +275,19 @@ function started(id, now) {
   }
 }
 
-function onPlayer(e) {
-  const m = e.data;
-  if (m.type === "started") started(m.id, performance.now());
-  else record({ type: "player_" + m.type, id: m.id });
+function onPlayer(m, at) {
+  if (m.type === "started") started(m.id, at);
+  else record({ type: "player_" + m.type, id: m.id }, at);
 }
 
-function onMessage(e) {
-  if (typeof e.data !== "string") {
-    const view = new DataView(e.data);
-    const id = view.getUint32(0);
-    const pcm = e.data.slice(4);
-    record({ type: "audio", id, samples: pcm.byteLength / 2 });
-    if (player) player.port.postMessage({ type: "push", id, pcm }, [pcm]);
-    return;
-  }
-  const m = JSON.parse(e.data);
-  record(m);
+// a server event (JSON), `at` when it arrived
+function onEvent(m, at) {
+  record(m, at);
   switch (m.type) {
     case "ready": window._ready(m); break;
     case "audio": if (transportName === "webrtc") scheduleStarted(m); break;
     case "pong": {
-      const now = performance.now(), rtt = now - m.t;
+      const now = at, rtt = now - m.t;
       if (rtt <= bestRtt) { bestRtt = rtt; clockOffset = m.server_ms - (m.t + now) / 2; }
       break;
     }
@@ -287,11 +298,10 @@ function onMessage(e) {
       delete turns[m.turn - 50];  // keep the last 50 turns' figures
       const old = document.getElementById("lat" + (m.turn - 50));
       if (old) old.remove();
-      // frame k was posted when its last sample was captured; the end of speech lies inside it
-      const k = Math.floor(m.speech_end_stream_s / 0.02);
-      const intoFrameMs = (m.speech_end_stream_s - k * 0.02) * 1000;
-      let captureEnd = k < framesSent && framesSent - k <= FRAME_RING
-        ? frameTimes[k % FRAME_RING] - (20 - intoFrameMs) - micLatencyMs : undefined;
+      // the socket worker says when the frame holding the end of speech was sent (its last
+      // sample captured): the end of speech lies inside it
+      const intoFrameMs = (m.speech_end_stream_s - Math.floor(m.speech_end_stream_s / 0.02) * 0.02) * 1000;
+      let captureEnd = m.frame_sent_ms !== undefined ? m.frame_sent_ms - (20 - intoFrameMs) - micLatencyMs : undefined;
       // WebRTC: no frame of ours maps to the server's stream time (packets are lost, and the
       // server's jitter buffer drops and stretches), so the end of speech is the server's
       // clock reading of it, on our clock, less half a round trip. What it leaves out is the
@@ -305,10 +315,7 @@ function onMessage(e) {
     case "bot_text":
       if (!botLine) botLine = line("bot", "Agent: ");
       botLine.textContent += m.text; break;
-    case "clear":
-      if (transportName === "webrtc") flushReplyAudio();
-      else if (player) player.port.postMessage({ type: "clear" });
-      break;
+    case "clear": if (transportName === "webrtc") flushReplyAudio(); break;  // the socket worker cleared the player
     case "interrupted": line("bot", "(interrupted; heard: " + (m.heard || "nothing") + ")"); botLine = null; break;
     case "latency": turns[m.turn] = Object.assign(turns[m.turn] || {}, { server: m }); renderLatency(m.turn); break;
     case "error": line("err", "error: " + m.message + (m.fatal ? " (the conversation has ended)" : "")); break;

@@ -1,5 +1,6 @@
 // Plays server audio from a bounded ring buffer; `clear` drops everything unplayed at once.
-// Reports when each chunk starts playing and when playback drains.
+// Reports when each chunk starts playing and when playback drains. It is fed, and reports, on
+// its own port, or on a port it is sent ({type: "port"}: the socket worker's).
 class PlayerProcessor extends AudioWorkletProcessor {
   constructor() {
     super();
@@ -9,11 +10,15 @@ class PlayerProcessor extends AudioWorkletProcessor {
     this.marks = [];                      // [absolute write position, chunk id]
     this.written = 0; this.played = 0;
     this.playing = false;
-    this.port.onmessage = (e) => {
+    this.out = this.port;
+    const onmessage = (e) => {
       const m = e.data;
-      if (m.type === "push") {
+      if (m.type === "port") {
+        this.out = m.port;
+        this.out.onmessage = onmessage;
+      } else if (m.type === "push") {
         const pcm = new Int16Array(m.pcm);
-        if (this.size + pcm.length > this.cap) { this.port.postMessage({ type: "overflow" }); return; }
+        if (this.size + pcm.length > this.cap) { this.out.postMessage({ type: "overflow" }); return; }
         this.marks.push([this.written, m.id]);
         for (let i = 0; i < pcm.length; i++) {
           this.ring[this.write] = pcm[i] / 32768;
@@ -24,9 +29,10 @@ class PlayerProcessor extends AudioWorkletProcessor {
         const dropped = this.size;
         this.read = this.write; this.size = 0; this.played = this.written; this.marks = [];
         if (this.playing) { this.playing = false; }
-        this.port.postMessage({ type: "cleared", dropped });
+        this.out.postMessage({ type: "cleared", dropped });
       }
     };
+    this.port.onmessage = onmessage;
   }
   process(_inputs, outputs) {
     const out = outputs[0][0];
@@ -34,14 +40,14 @@ class PlayerProcessor extends AudioWorkletProcessor {
       if (this.size > 0) {
         while (this.marks.length && this.marks[0][0] <= this.played) {
           const id = this.marks.shift()[1];
-          this.port.postMessage({ type: "started", id, t: currentTime });
+          this.out.postMessage({ type: "started", id, t: currentTime });
         }
         if (!this.playing) this.playing = true;
         out[i] = this.ring[this.read];
         this.read = (this.read + 1) % this.cap; this.size--; this.played++;
       } else {
         out[i] = 0;
-        if (this.playing) { this.playing = false; this.port.postMessage({ type: "drained", t: currentTime }); }
+        if (this.playing) { this.playing = false; this.out.postMessage({ type: "drained", t: currentTime }); }
       }
     }
     for (let c = 1; c < outputs[0].length; c++) outputs[0][c].set(out);
