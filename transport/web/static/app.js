@@ -224,20 +224,18 @@ function scheduleStarted(m) {
                                     Math.max(0, at - performance.now())));
 }
 
-// barge-in over WebRTC: the server has stopped feeding the track; drop what the element and
-// its jitter buffer still hold (paused and muted while it plays out, then listening again)
+// barge-in over WebRTC: the server has stopped feeding the track; what the element and its
+// jitter buffer still hold plays out muted. Muted, not paused or detached: the element goes on
+// pulling from its jitter buffer, which stays as short as it was (a detached element's filled
+// up, and the next reply was heard ~80 ms later until NetEq had caught up, seconds after).
+let unmuteTimer;
 function flushReplyAudio() {
   for (const t of pendingPlays.values()) clearTimeout(t);
   pendingPlays.clear();
   if (replyAudio) {
-    replyAudio.pause();
     replyAudio.muted = true;
-    replyAudio.srcObject = null;
-    setTimeout(() => {
-      replyAudio.srcObject = replyStream;
-      replyAudio.muted = false;
-      replyAudio.play().catch(() => {});
-    }, playoutDelayMs + 60);
+    clearTimeout(unmuteTimer);
+    unmuteTimer = setTimeout(() => { replyAudio.muted = false; }, playoutDelayMs + 60);
   }
   record({ type: "player_cleared" });
 }
