@@ -34,7 +34,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="Whisper's beam size (default 1, greedy; 5: dev WER 9.9 -> 5.0 %% for ~+20-46 ms "
                         "a final decode, see scripts/whisper_settings.py)")
     p.add_argument("--llm", default="qwen2.5-0.5b",
-                   help="smollm2-135m | qwen2.5-0.5b (default) | qwen2.5-1.5b | path to a .gguf | "
+                   help="smollm2-135m | qwen2.5-0.5b (default) | qwen2.5-0.5b-q4_0 (faster, less exact) | qwen2.5-1.5b | path to a .gguf | "
                         "URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 | "
                         "hf:NAME, a transformers model (hub id, directory, .gguf or bundled name)")
     p.add_argument("--llm-timeout", type=float, default=5.0,

@@ -49,7 +49,45 @@ def qwen25_coder_15b() -> Path:
     return _joined(parts, "qwen2.5-coder-1.5b-instruct-q4_k_m")
 
 
-BUNDLED = {"smollm2-135m": smollm2_135m, "qwen2.5-0.5b": qwen25_coder_05b, "qwen2.5-1.5b": qwen25_coder_15b}
+def _requantized(source: Path, name: str, ftype_name: str) -> Path:
+    """`source` requantized (llama.cpp's own quantizer) into a cache file once; reused while
+    `source` is unchanged."""
+    key = hashlib.sha256(f"{source}:{source.stat().st_size}:{ftype_name}".encode()).hexdigest()[:12]
+    cache = Path(os.environ.get("DUPLEX_CACHE", Path.home() / ".cache" / "duplex"))
+    out = cache / f"{name}-{key}.gguf"
+    if out.exists():
+        return out
+    import ctypes
+    import logging
+
+    import llama_cpp._logger
+    import llama_cpp.llama_cpp as lib
+
+    llama_cpp._logger.set_verbose(False)  # a line per tensor otherwise; every Llama we load is quiet too
+    logging.getLogger("duplex.llm").info("making %s from %s (once)", out.name, source.name)
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = getattr(lib, ftype_name)
+    params.allow_requantize = True
+    params.nthread = min(4, os.cpu_count() or 1)
+    if lib.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"llama.cpp could not requantize {source} to {ftype_name}")
+    tmp.replace(out)
+    return out
+
+
+def qwen25_coder_05b_q4_0() -> Path:
+    """The 0.5B model requantized to Q4_0, which llama.cpp repacks for AVX2 and NEON at load (most
+    of the Q4_K_M file is Q5_0, which it does not): on a 2-core AVX2 CPU a 9-token prompt takes 73
+    ms against 109 and a token 20 against 26, for a perplexity 9 % higher (32.7 against 29.9 on
+    1500 tokens of README.md). Made once, in ~3 s, at first use."""
+    return _requantized(qwen25_coder_05b(), "qwen2.5-coder-0.5b-instruct-q4_0", "LLAMA_FTYPE_MOSTLY_Q4_0")
+
+
+BUNDLED = {"smollm2-135m": smollm2_135m, "qwen2.5-0.5b": qwen25_coder_05b,
+           "qwen2.5-0.5b-q4_0": qwen25_coder_05b_q4_0, "qwen2.5-1.5b": qwen25_coder_15b}
 
 
 def resolve(name_or_path: str) -> Path:
