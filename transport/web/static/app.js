@@ -43,6 +43,7 @@ function showTransport(name, why) {
   $("transport").textContent = name === "webrtc" ? "WebRTC (Opus)" : "WebSocket (PCM)";
   record({ type: "transport", name, why });
 }
+function closed() { $("state").textContent = "disconnected"; record({ type: "closed" }); }
 function refusedText(why) {
   $("state").textContent = why ? "the agent cannot talk now: " + why.replace(/^not ready: /, "") : "could not connect";
   record({ type: "refused", reason: why });
@@ -179,7 +180,7 @@ async function startWebRTC() {
   });
   showTransport("webrtc", params.get("transport") === "webrtc" ? "?transport=webrtc" : "default");
   dc.onmessage = (e) => onEvent(JSON.parse(e.data), performance.now());
-  dc.onclose = () => { $("state").textContent = "disconnected"; record({ type: "closed" }); };
+  dc.onclose = closed;
   const ready = new Promise((ok) => (window._ready = ok));
   dc.send(JSON.stringify({ type: "hello", played_marks: "page" }));  // we report what plays
   await ready;
@@ -253,7 +254,7 @@ function onSocket(e) {
   if (w.type === "event") onEvent(w.m, w.t);
   else if (w.type === "audio") record({ type: "audio", id: w.id, samples: w.samples }, w.t);
   else if (w.type === "player") onPlayer(w.m, w.t);
-  else if (w.type === "closed") { wsOpen = false; $("state").textContent = "disconnected"; record({ type: "closed" }); }
+  else if (w.type === "closed") { wsOpen = false; closed(); }
 }
 
 function ping() {
@@ -285,8 +286,8 @@ function onEvent(m, at) {
     case "ready": window._ready(m); break;
     case "audio": if (transportName === "webrtc") scheduleStarted(m); break;
     case "pong": {
-      const now = at, rtt = now - m.t;
-      if (rtt <= bestRtt) { bestRtt = rtt; clockOffset = m.server_ms - (m.t + now) / 2; }
+      const rtt = at - m.t;
+      if (rtt <= bestRtt) { bestRtt = rtt; clockOffset = m.server_ms - (m.t + at) / 2; }
       break;
     }
     case "state": $("state").textContent = m.state.replace("_", " "); break;
@@ -296,10 +297,8 @@ function onEvent(m, at) {
       delete turns[m.turn - 50];  // keep the last 50 turns' figures
       const old = document.getElementById("lat" + (m.turn - 50));
       if (old) old.remove();
-      // the socket worker says when the frame holding the end of speech was sent (its last
-      // sample captured): the end of speech lies inside it
-      const intoFrameMs = (m.speech_end_stream_s - Math.floor(m.speech_end_stream_s / 0.02) * 0.02) * 1000;
-      let captureEnd = m.frame_sent_ms !== undefined ? m.frame_sent_ms - (20 - intoFrameMs) - micLatencyMs : undefined;
+      // WebSocket: the socket worker mapped the end of speech to when it was captured
+      let captureEnd = m.speech_end_page_ms !== undefined ? m.speech_end_page_ms - micLatencyMs : undefined;
       // WebRTC: no frame of ours maps to the server's stream time (packets are lost, and the
       // server's jitter buffer drops and stretches), so the end of speech is the server's
       // clock reading of it, on our clock, less half a round trip. What it leaves out is the

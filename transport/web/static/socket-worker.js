@@ -5,9 +5,11 @@
 // here, on the page's clock.
 //
 // From the page: {type: "open", url, page_origin}, {type: "mic", port}, {type: "player", port},
-// {type: "send", text}, {type: "ping"}, {type: "close"}.
+// {type: "send", text}, {type: "ping"}.
 // To the page: {type: "open"}, {type: "error"}, {type: "closed"}, {type: "event", m, t} (the
-// server's JSON), {type: "audio", id, samples, t}, {type: "player", m, t} (the player's events).
+// server's JSON; an endpoint gets `speech_end_page_ms`, when the user's last sample of speech
+// was captured, on the page's clock), {type: "audio", id, samples, t}, {type: "player", m, t}
+// (the player's events).
 "use strict";
 let ws, player, offset = 0;
 // when each 20 ms mic frame was sent, by frame index: the page maps the server's stream time of
@@ -39,7 +41,9 @@ function open(url) {
     if (m.type === "endpoint") {
       // frame k was sent when its last sample was captured; the end of speech lies inside it
       const k = Math.floor(m.speech_end_stream_s / 0.02);
-      if (k < framesSent && framesSent - k <= FRAME_RING) m.frame_sent_ms = frameTimes[k % FRAME_RING];
+      const intoFrameMs = (m.speech_end_stream_s - k * 0.02) * 1000;
+      if (k < framesSent && framesSent - k <= FRAME_RING)
+        m.speech_end_page_ms = frameTimes[k % FRAME_RING] - (20 - intoFrameMs);
     }
     postMessage({ type: "event", m, t });
   };
@@ -65,6 +69,5 @@ onmessage = (e) => {
       player = m.port;
       player.onmessage = (p) => postMessage({ type: "player", m: p.data, t: now() });
       break;
-    case "close": if (ws) ws.close(); break;
   }
 };
