@@ -36,6 +36,7 @@ import numpy as np
 from agent.endpointing import DEFAULT_POLICY, POLICIES
 from agent.stages import STAGE_KEYS, breakdown
 from agent.workers import run_in
+from llm import bundled
 from tts.base import known_text
 
 ASR_RATE = 16000
@@ -329,8 +330,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     p = argparse.ArgumentParser(prog="duplex bench latency", description=__doc__.split("\n")[0])
     p.add_argument("--asr", default="whisper-tiny.en")
-    p.add_argument("--llm", default="qwen2.5-0.5b",
-                   help="smollm2-135m | qwen2.5-0.5b | qwen2.5-0.5b-q4_0 (faster, less exact) | qwen2.5-1.5b | path.gguf | http://host:port/v1")
+    p.add_argument("--llm", default=bundled.DEFAULT,
+                   help=f"{bundled.names_help()} | path.gguf | http://host:port/v1")
     p.add_argument("--llm-model", default=None, help="model name at an OpenAI-compatible --llm URL")
     p.add_argument("--tts", default="piper", help="piper | voice.onnx | espeak-ng | flite")
     p.add_argument("--system-prompt", default=None)

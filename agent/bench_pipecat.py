@@ -37,6 +37,7 @@ import numpy as np
 
 from agent.bench_latency import QUESTIONS as LATENCY_QUESTIONS
 from agent.bench_latency import _flite, _pct, speech_end_offset
+from llm import bundled
 
 RATE = 16000  # what the client sends
 FRAME_S = 0.02
@@ -361,7 +362,7 @@ def report(result: Result, out=print) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="duplex bench pipecat", description=__doc__.split("\n\n")[0])
-    p.add_argument("--llm", default="qwen2.5-0.5b", help="a bundled GGUF name or .gguf path, for both bots")
+    p.add_argument("--llm", default=bundled.DEFAULT, help="a bundled GGUF name or .gguf path, for both bots")
     p.add_argument("--questions", type=int, default=len(QUESTIONS),
                    help=f"ask the first N questions (default all {len(QUESTIONS)})")
     p.add_argument("--warmup", type=int, default=1, choices=(0, 1), help="a warm-up turn per bot first (default 1)")

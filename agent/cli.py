@@ -10,6 +10,7 @@ import statistics
 import sys
 
 from agent.endpointing import DEFAULT_POLICY, POLICIES
+from llm import bundled
 
 
 def positive_int(text: str) -> int:
@@ -33,8 +34,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--asr-beam", type=positive_int, default=None,
                    help="Whisper's beam size (default 1, greedy; 5: dev WER 9.9 -> 5.0 %% for ~+20-46 ms "
                         "a final decode, see scripts/whisper_settings.py)")
-    p.add_argument("--llm", default="qwen2.5-0.5b",
-                   help="smollm2-135m | qwen2.5-0.5b (default) | qwen2.5-0.5b-q4_0 (faster, less exact) | qwen2.5-1.5b | path to a .gguf | "
+    p.add_argument("--llm", default=bundled.DEFAULT,
+                   help=f"{bundled.names_help()} | path to a .gguf | "
                         "URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 | "
                         "hf:NAME, a transformers model (hub id, directory, .gguf or bundled name)")
     p.add_argument("--llm-timeout", type=float, default=5.0,

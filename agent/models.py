@@ -22,6 +22,7 @@ if "OMP_WAIT_POLICY" not in os.environ:
 
 from agent.config import Models
 from agent.endpointing import DEFAULT_POLICY
+from llm import bundled
 
 log = logging.getLogger("duplex.models")
 
@@ -33,7 +34,7 @@ class ModelChoice:
     asr_slots: int = 8  # the in-process engine's batch size
     asr_beam: int | None = None  # Whisper's beam size (None: WhisperOptions' default, greedy)
     device: str = "cpu"  # where the in-process engine runs
-    llm: str = "qwen2.5-0.5b"  # smollm2-135m | qwen2.5-0.5b | qwen2.5-0.5b-q4_0 (faster, less exact) | qwen2.5-1.5b | path.gguf | http://host:port/v1
+    llm: str = bundled.DEFAULT  # a name in llm.bundled.BUNDLED | path.gguf | http://host:port/v1
     llm_model: str | None = None  # the model name at an OpenAI-compatible endpoint
     tts: str = "piper"  # piper | path/to/voice.onnx | espeak-ng | flite
     eou: str | None = "smart-turn-v3.2"  # end-of-turn model; None: silence alone ends turns

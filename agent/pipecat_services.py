@@ -62,6 +62,7 @@ from asr.base import (
     Word,
     WordEvent,
 )
+from llm import bundled
 from llm.base import ChatModel, Message
 from tts.base import Synthesizer, known_text
 from tts.chunking import ends_sentence
@@ -346,7 +347,7 @@ def _text_of(content) -> str:
 class DuplexLLMService(LLMService):
     """An `llm.ChatModel` (`llm.load_chat_model(name)`, or a name) as a pipecat LLM service."""
 
-    def __init__(self, *, llm: str | ChatModel = "qwen2.5-0.5b", max_tokens: int | None = 200,
+    def __init__(self, *, llm: str | ChatModel = bundled.DEFAULT, max_tokens: int | None = 200,
                  system_instruction: str | None = None, **kwargs):
         if "settings" not in kwargs:  # a store: every field given
             from pipecat.services.settings import LLMSettings

@@ -1,13 +1,14 @@
 """Chat models: the ChatModel protocol, the embedded llama.cpp backend and bundled GGUFs,
 OpenAI-compatible endpoints, and local transformers models (`hf:NAME`)."""
+from llm import bundled
 from llm.base import ChatModel, Message
 
 __all__ = ["ChatModel", "Message", "load_chat_model"]
 
 
-def load_chat_model(name: str = "qwen2.5-0.5b", model: str | None = None, n_threads: int | None = None,
+def load_chat_model(name: str = bundled.DEFAULT, model: str | None = None, n_threads: int | None = None,
                     **kwargs) -> ChatModel:
-    """`name` is a bundled model (smollm2-135m, qwen2.5-0.5b, qwen2.5-0.5b-q4_0, qwen2.5-1.5b), a .gguf path, the
+    """`name` is a bundled model (a name in `llm.bundled.BUNDLED`), a .gguf path, the
     URL of an OpenAI-compatible server (`http://host:port/v1`; `model` names its model), or
     `hf:` and a transformers model (hub id, directory, .gguf or bundled name)."""
     from llm.openai_compat import OpenAICompatChat, is_endpoint

@@ -92,6 +92,13 @@ def qwen25_coder_05b_q4_0() -> Path:
 
 BUNDLED = {"smollm2-135m": smollm2_135m, "qwen2.5-0.5b": qwen25_coder_05b,
            "qwen2.5-0.5b-q4_0": qwen25_coder_05b_q4_0, "qwen2.5-1.5b": qwen25_coder_15b}
+DEFAULT = "qwen2.5-0.5b"
+_NOTES = {DEFAULT: "default", "qwen2.5-0.5b-q4_0": "faster, less exact"}
+
+
+def names_help() -> str:
+    """The bundled names for a help text: "smollm2-135m | qwen2.5-0.5b (default) | ..."."""
+    return " | ".join(f"{n} ({_NOTES[n]})" if n in _NOTES else n for n in BUNDLED)
 
 
 def resolve(name_or_path: str) -> Path:

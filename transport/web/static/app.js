@@ -43,7 +43,10 @@ function showTransport(name, why) {
   $("transport").textContent = name === "webrtc" ? "WebRTC (Opus)" : "WebSocket (PCM)";
   record({ type: "transport", name, why });
 }
-function closed() { $("state").textContent = "disconnected"; record({ type: "closed" }); }
+function closed(reason) {
+  $("state").textContent = "disconnected" + (reason ? ": " + reason : "");
+  record({ type: "closed", reason });
+}
 function refusedText(why) {
   $("state").textContent = why ? "the agent cannot talk now: " + why.replace(/^not ready: /, "") : "could not connect";
   record({ type: "refused", reason: why });
@@ -180,7 +183,7 @@ async function startWebRTC() {
   });
   showTransport("webrtc", params.get("transport") === "webrtc" ? "?transport=webrtc" : "default");
   dc.onmessage = (e) => onEvent(JSON.parse(e.data), performance.now());
-  dc.onclose = closed;
+  dc.onclose = () => closed();
   const ready = new Promise((ok) => (window._ready = ok));
   dc.send(JSON.stringify({ type: "hello", played_marks: "page" }));  // we report what plays
   await ready;
@@ -248,13 +251,17 @@ function givePort(node, name) {
   socket.postMessage({ type: name, port: ch.port2 }, [ch.port2]);
 }
 
-// WebSocket: what the socket worker says, each with its own time
+// WebSocket: what the socket worker says, each with its own time; it is told what was handled
+// (it holds at most a window of messages this thread has not got to)
+let unacked = 0;
 function onSocket(e) {
   const w = e.data;
   if (w.type === "event") onEvent(w.m, w.t);
   else if (w.type === "audio") record({ type: "audio", id: w.id, samples: w.samples }, w.t);
-  else if (w.type === "player") onPlayer(w.m, w.t);
-  else if (w.type === "closed") { wsOpen = false; closed(); }
+  else if (w.type === "player") onPlayer(w.m, w.t, true);
+  else if (w.type === "lost") record({ type: "worker_messages_lost", n: w.n });
+  else if (w.type === "closed") { wsOpen = false; closed(w.reason); }
+  if (++unacked >= 16) { socket.postMessage({ type: "seen", n: unacked }); unacked = 0; }
 }
 
 function ping() {
@@ -262,9 +269,10 @@ function ping() {
   else if (wsOpen) socket.postMessage({ type: "ping" });  // stamped as it leaves
 }
 
-function started(id, now) {
+// `reported`: the socket worker has told the server already
+function started(id, now, reported = false) {
   record({ type: "player_started", id });
-  sendJSON({ type: "played", id, event: "start", t: now, server_ms: now + clockOffset });
+  if (!reported) sendJSON({ type: "played", id, event: "start", t: now, server_ms: now + clockOffset });
   const t = turns[currentTurn];
   if (t && t.heard === undefined && t.captureEnd !== undefined) {
     t.heard = now + outLatencyMs - t.captureEnd;  // mouth to ear, all on the page clock
@@ -274,8 +282,8 @@ function started(id, now) {
   }
 }
 
-function onPlayer(m, at) {
-  if (m.type === "started") started(m.id, at);
+function onPlayer(m, at, reported) {
+  if (m.type === "started") started(m.id, at, reported);
   else record({ type: "player_" + m.type, id: m.id }, at);
 }
 
