@@ -404,6 +404,8 @@ class Listener:
         if text and self._is_echo(text):
             text, words = "", ()  # the bot's own words: no interruption, no turn to answer
         commands = self.turns.on_final(time.perf_counter(), text)
+        if any(isinstance(c, DiscardTranscript) and c.echo for c in commands):
+            self.tracer.instant(Stage.TURN, Ev.ECHO, turn=self._turn(), text=text, quiet=True)
         # noise or backchannels over the bot are no turn to answer
         keep = any(ch.isalnum() for ch in text) and not any(isinstance(c, DiscardTranscript) for c in commands)
         # a cancel or a resume first: the reply it decides on goes before a new one starts

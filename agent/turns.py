@@ -83,6 +83,13 @@ Defaults, and why:
   guesses a word or two ("you", "I'm", "and image" for the first second of flite's "Mm-hmm.";
   over a phone line three: "and and making"). The bot is silent meanwhile, so waiting for more
   words or the final costs nothing audible.
+- `echo_level_db` -12: words over the bot whose loudest frame is that far below the user's own
+  (the median loudest frame of their last turns) are the bot's voice leaking through the page's
+  echo canceller, which it does in bursts when the capture glitches on a busy machine: no
+  interruption. In tests/test_browser_echo.py with one core taken by another process, Chromium's
+  page mic gave the user's turns peaks of -3 to -8 dBFS and the leaks that cut the story ("I
+  talk.", "Just.") -24 to -37; the real barge-in peaked at -10. Needs a turn of the user's first
+  (a greeting's listener has none), and the level of each frame (`on_vad`'s `level`).
 - `backchannels` none: only non-lexical sounds (`NONLEXICAL`) let the bot go on; "yeah" or
   "okay" over it interrupts it (Whisper wrote "MMHMM" for flite's "Mm-hmm.", "Mmh" mid-way).
 - `max_utterance_s` 25: Whisper decodes at most 30 s at once.
@@ -101,6 +108,7 @@ Defaults, and why:
 from __future__ import annotations
 
 import re
+import statistics
 from collections import deque
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -153,6 +161,7 @@ class TurnConfig:
     false_interruption_s: float = 2.0  # silence after speech over the bot with no words: it resumes
     partial_words_to_interrupt: int = 3  # stable words of a partial that make speech over the bot an interruption
     backchannels: tuple[str, ...] = ()  # words besides `NONLEXICAL` sounds that do not interrupt ("yeah", ...)
+    echo_level_db: float | None = -12.0  # words over the bot this far below the user's own level: echo (None: off)
     max_utterance_s: float = 25.0
     preroll_s: float = 0.3  # audio before the detected speech start that the recognizer gets
     quiet_db: float | None = -35.0  # the early-decode hint (None: off), below the utterance's peak
@@ -217,6 +226,7 @@ class ResumeReply:
 @dataclass(frozen=True)
 class DiscardTranscript:
     t: float  # the utterance that ended was that false interruption: not a turn to answer
+    echo: bool = False  # its words were too quiet to be the user's (`TurnConfig.echo_level_db`)
 
 
 Command = (StartUtterance | SpeechStopped | SpeechPaused | SpeechResumed | EndOfTurn | PauseReply | CancelReply
@@ -234,6 +244,7 @@ class TurnMachine:
         self._silence_run = 0.0
         self._stop_run = 0.0  # seconds of consecutive silent or quiet frames (the decode trigger)
         self._peak_level = 0.0  # loudest speech frame of the current utterance (RMS)
+        self._run_peak = 0.0  # ... of the current run of speech frames (an utterance's first ones)
         self._last_speech_end = 0.0
         self._utterance_start = 0.0
         self._stopped = False  # SpeechStopped sent for the current silence
@@ -244,7 +255,9 @@ class TurnMachine:
         self._resumable = False  # SpeechStopped sent in user_speaking: speech that goes on resumes
         self._interrupted_at: float | None = None  # the pause's time while the interruption's words are unknown
         self._resume_to = State.BOT_SPEAKING  # the state a false interruption returns to
-        self._finals: deque[bool] = deque(maxlen=16)  # per ended turn awaiting its final: the interruption's own?
+        # per ended turn awaiting its final: the interruption's own? and its loudest frame
+        self._finals: deque[tuple[bool, float]] = deque(maxlen=16)
+        self._user_peaks: deque[float] = deque(maxlen=8)  # the loudest frame of the user's last turns
 
     @property
     def vad_silence_s(self) -> float:
@@ -274,7 +287,9 @@ class TurnMachine:
                 self._features = Features()
             if level is not None and prob >= c.speech_threshold:
                 self._peak_level = max(self._peak_level, level)
+                self._run_peak = max(self._run_peak, level)
         else:
+            self._run_peak = 0.0
             if self._stop_run == 0.0:  # the speech ended where this run of stopped frames began
                 self._last_speech_end = t - frame_s
             self._stop_run += frame_s
@@ -380,20 +395,26 @@ class TurnMachine:
         partial's stable prefix): enough of them over the bot (not backchannels) make the
         interruption real."""
         c = self.config
-        if self._interrupted_at is None or interrupting_words(text, c.backchannels) < c.partial_words_to_interrupt:
-            return []
+        if (self._interrupted_at is None or interrupting_words(text, c.backchannels) < c.partial_words_to_interrupt
+                or self._below_the_user(self._peak_level)):
+            return []  # a too quiet one waits for its final
         return self._confirm_interruption(t)
 
     def on_final(self, t: float, text: str) -> list[Command]:
         """The final transcript of the turn that ended first of those awaiting theirs."""
-        own = self._finals.popleft() if self._finals else False  # that turn was the interruption's utterance
+        # own: that turn was the interruption's utterance
+        own, peak = self._finals.popleft() if self._finals else (False, 0.0)
         if own and self._interrupted_at is not None:
-            if interrupting_words(text, self.config.backchannels):
+            words = interrupting_words(text, self.config.backchannels)
+            echo = bool(words) and self._below_the_user(peak)
+            if words and not echo:
                 return self._confirm_interruption(t)
-            out: list[Command] = [DiscardTranscript(t)]
+            out: list[Command] = [DiscardTranscript(t, echo=echo)]
             if self.state == State.THINKING:  # else the user speaks again: that utterance decides
                 out += self._resume(t)
             return out
+        if not own and peak > 0.0 and interrupting_words(text, self.config.backchannels):
+            self._user_peaks.append(peak)  # the user's own voice, as this line delivers it
         if (self.state == State.THINKING and self._interrupted_at is None
                 and not any(ch.isalnum() for ch in text)):
             self._go(t, State.LISTENING)  # noise, with no reply to go back to
@@ -491,6 +512,13 @@ class TurnMachine:
                 and self.state in (State.USER_SPEAKING, State.INTERRUPTED) and prob < c.quiet_max_prob
                 and level < self._peak_level * 10.0 ** (c.quiet_db / 20.0))
 
+    def _below_the_user(self, peak: float) -> bool:
+        """Speech whose loudest frame is `echo_level_db` below the user's own turns' (median)."""
+        db = self.config.echo_level_db
+        if db is None or not self._user_peaks or peak <= 0.0:
+            return False
+        return peak < statistics.median(self._user_peaks) * 10.0 ** (db / 20.0)
+
     def _check_false_interruption(self, t: float) -> list[Command]:
         """`false_interruption_s` of silence after the speech over the bot, with no words and
         no end of turn yet: drop the utterance, resume."""
@@ -518,13 +546,13 @@ class TurnMachine:
         self._resumable = False
         self._text_complete = False
         self._features = Features()
-        self._finals.append(self._interrupted_at is not None)
+        self._finals.append((self._interrupted_at is not None, self._peak_level))
         self._go(t, State.THINKING)
         return [EndOfTurn(t_speech_end)]
 
     def _start_user(self, t: float, state: State) -> StartUtterance:
         self._go(t, state)
-        self._peak_level = 0.0
+        self._peak_level = self._run_peak  # the frames that opened it count
         self._paused = False
         self._text_complete = False
         self._features = Features()

@@ -15,11 +15,12 @@ class Driver:
         self.t = 0.0
         self.log: list = []
 
-    def frames(self, pattern: str):
-        """'#' speech, '.' silence: one 32 ms VAD frame each."""
+    def frames(self, pattern: str, level: float | None = None):
+        """'#' speech, '.' silence: one 32 ms VAD frame each; `level`: the speech frames' RMS."""
         for ch in pattern:
             self.t = round(self.t + F, 6)
-            self.log += self.m.on_vad(self.t, 0.9 if ch == "#" else 0.05, F)
+            speech = ch == "#"
+            self.log += self.m.on_vad(self.t, 0.9 if speech else 0.05, F, level if speech else 0.001)
         return self
 
     def eou(self, p):
@@ -119,6 +120,59 @@ def test_false_interruption_resumes_when_the_utterance_has_no_words():
     assert d.kinds()[-4:] == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
     d.log += d.m.on_final(d.t, "")
     assert d.kinds()[-2:] == [DiscardTranscript, ResumeReply] and d.m.state == B
+
+
+def speaking_bot(user_level: float | None = 0.3) -> Driver:
+    """A user turn at `user_level` (None: no turn of theirs yet, as under a greeting), answered;
+    the bot is speaking."""
+    d = Driver()
+    if user_level is not None:
+        d.frames("#" * 20 + "." * 8, level=user_level).eou(0.9)
+        d.log += d.m.on_final(d.t, "tell me a story")
+    else:
+        assert d.m.on_bot_initiated(d.t)
+    d.m.on_reply_started(d.t)
+    assert d.m.state == B
+    return d
+
+
+def test_words_over_the_bot_far_quieter_than_the_user_are_its_echo_and_it_resumes():
+    d = speaking_bot(user_level=0.3)
+    n = len(d.log)
+    d.frames("#" * 8 + "." * 8, level=0.03).eou(0.9)  # a burst 20 dB below the user's turn
+    assert d.kinds()[n:] == [PauseReply, StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
+    d.log += d.m.on_final(d.t, "I talk.")  # the bot's own voice, garbled, through the canceller
+    assert d.kinds()[-2:] == [DiscardTranscript, ResumeReply] and d.log[-2].echo
+    assert d.m.state == B
+    # the user at their own level, over the bot: a real interruption
+    d.frames("#" * 8 + "." * 8, level=0.2).eou(0.9)
+    d.log += d.m.on_final(d.t, "Stop.")
+    assert d.kinds()[-1] == CancelReply and d.m.state == T
+
+
+def test_quiet_partial_words_wait_for_the_final_and_loud_ones_interrupt():
+    d = speaking_bot(user_level=0.3)
+    d.frames("#" * 10, level=0.03)
+    d.log += d.m.on_words(d.t, "once upon a time")
+    assert d.kinds()[-1] == StartUtterance and d.m.state == I  # paused, not cut
+    d.frames("#" * 5, level=0.25)  # the user's own voice follows
+    d.log += d.m.on_words(d.t, "once upon a time")
+    assert d.kinds()[-1] == CancelReply
+
+
+def test_without_a_turn_of_the_users_any_words_over_the_bot_interrupt():
+    d = speaking_bot(user_level=None)  # a greeting: nothing to compare with
+    d.frames("#" * 8 + "." * 8, level=0.01).eou(0.9)
+    d.log += d.m.on_final(d.t, "Hello?")
+    assert d.kinds()[-1] == CancelReply
+    # and with the gate off, quiet words after a loud turn interrupt too
+    d = Driver(echo_level_db=None)
+    d.frames("#" * 20 + "." * 8, level=0.3).eou(0.9)
+    d.log += d.m.on_final(d.t, "tell me a story")
+    d.m.on_reply_started(d.t)
+    d.frames("#" * 8 + "." * 8, level=0.03).eou(0.9)
+    d.log += d.m.on_final(d.t, "I talk.")
+    assert d.kinds()[-1] == CancelReply
 
 
 def test_empty_transcript_without_interruption_returns_to_listening():
