@@ -56,6 +56,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="end-of-turn policy (see duplex bench turns): combined (default: smart-turn's audio "
                         "score with a text model's end-of-message probability; loads SmolLM2-135M too), "
                         "rules (smart-turn, then the transcript's punctuation and the pause), or smart-turn alone")
+    p.add_argument("--endpoint-silence", type=float, default=None, metavar="S",
+                   help="rules: the silence that ends a turn whose transcript ends a sentence (default 0.5 s; "
+                        "what pipecat calls the VAD's stop_secs)")
     p.add_argument("--no-speculation", action="store_true", help="never start replies before the turn ends")
     p.add_argument("--greeting", default=None,
                    help="say this first, as soon as the caller's or page's audio arrives (kept in the context)")
@@ -72,6 +75,10 @@ def _session_config(args):
                         first_chunk_words=args.first_chunk_words, llm_timeout_s=timeout)
     cfg.turns.use_eou = not args.no_eou
     cfg.turns.endpointing = args.endpointing
+    if args.endpoint_silence is not None:
+        if not 0.0 < args.endpoint_silence <= cfg.turns.max_endpoint_s:
+            raise SystemExit(f"--endpoint-silence must be above 0 and at most {cfg.turns.max_endpoint_s:g} s")
+        cfg.turns.endpoint_silence_s = args.endpoint_silence
     if args.system_prompt:
         cfg.system_prompt = args.system_prompt
     cfg.greeting = args.greeting or None

@@ -59,8 +59,11 @@ def backchannel_conversation(tmp_path_factory):
 @pytest.fixture(scope="module")
 def rules_conversation(tmp_path_factory):
     """With the rules, which speculate at most pauses (the combined policy's text score often
-    ends the turn at once, with nothing to speculate on) and ask smart-turn first."""
-    return _converse(tmp_path_factory.mktemp("conv-rules"), "--endpointing", "rules")
+    ends the turn at once, with nothing to speculate on) and ask smart-turn first. 1.5 s of silence
+    end a sentence here: with the default half second, a machine on which the decode takes
+    longer (528 ms after smart-turn's 156 ms, one day; 940 ms after 414 beside another run) ends
+    the turn as the transcript comes, with nothing left to speculate on."""
+    return _converse(tmp_path_factory.mktemp("conv-rules"), "--endpointing", "rules", "--endpoint-silence", "1.5")
 
 
 def test_barge_in_cancels_llm_within_one_token_and_flushes_audio(conversation):
