@@ -51,14 +51,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--first-chunk-words", type=positive_int, default=2,
                    help="words of the reply's first TTS chunk (fewer: first audio sooner, one more join)")
     p.add_argument("--no-eou", action="store_true",
-                   help="end turns on silence alone (0.5 s), without the smart-turn model")
+                   help="end turns on silence alone (--endpoint-silence, 0.5 s), without the smart-turn model")
     p.add_argument("--endpointing", choices=POLICIES, default=DEFAULT_POLICY,
                    help="end-of-turn policy (see duplex bench turns): combined (default: smart-turn's audio "
                         "score with a text model's end-of-message probability; loads SmolLM2-135M too), "
                         "rules (smart-turn, then the transcript's punctuation and the pause), or smart-turn alone")
     p.add_argument("--endpoint-silence", type=float, default=None, metavar="S",
-                   help="rules: the silence that ends a turn whose transcript ends a sentence (default 0.5 s; "
-                        "what pipecat calls the VAD's stop_secs)")
+                   help="rules: the silence that ends a turn whose transcript ends a sentence; --no-eou: the "
+                        "silence that ends every turn (default 0.5 s; what pipecat calls the VAD's stop_secs)")
     p.add_argument("--no-speculation", action="store_true", help="never start replies before the turn ends")
     p.add_argument("--greeting", default=None,
                    help="say this first, as soon as the caller's or page's audio arrives (kept in the context)")
