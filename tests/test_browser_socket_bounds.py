@@ -40,6 +40,13 @@ window.dispatchAck = () => { w.postMessage({ type: "seen", n: unacked }); unacke
 window.ack = true;
 window.start = (url) => w.postMessage({ type: "open", url, page_origin: performance.timeOrigin });
 window.micPort = () => { const ch = new MessageChannel(); w.postMessage({ type: "mic", port: ch.port2 }, [ch.port2]); return ch.port1; };
+// a player port: the worker hands it reply audio directly, past the page's queue
+window.pushed = 0;
+window.playerPort = () => {
+  const ch = new MessageChannel();
+  ch.port1.onmessage = (e) => { if (e.data.type === "push") window.pushed++; };
+  w.postMessage({ type: "player", port: ch.port2 }, [ch.port2]);
+};
 </script>"""
 
 
@@ -105,7 +112,7 @@ def test_a_peer_that_stops_reading_gets_the_socket_closed_with_the_reason(tmp_pa
     with static_site(tmp_path) as site, ws_peer(never_reads, rcvbuf=4096) as url, sync_playwright() as pw:
         browser, page = open_page(pw, site, url)
         # mic frames as the mic worklet sends them (640 bytes, 20 ms of 16 kHz PCM), faster than
-        # real time, until the kernels' buffers (up to 4 MiB sending here) and the worker's are full
+        # real time; the peer reads none and answers none of the worker's pings
         sent = page.evaluate("""async () => {
           const port = window.micPort();
           for (let i = 0; i < 16000; i++) {
@@ -119,8 +126,8 @@ def test_a_peer_that_stops_reading_gets_the_socket_closed_with_the_reason(tmp_pa
         closed = next(m for m in page.evaluate("window.got") if m["type"] == "closed")
         browser.close()
     assert closed["reason"] == "the connection is not keeping up with the microphone"
-    # closed once the cap (256 KiB, ~8 s of audio) was passed, after what the kernels hold
-    assert 256 * 1024 // 640 < sent, sent
+    # closed once the cap (256 KiB, ~8 s of audio) unread was passed, not before
+    assert 256 * 1024 // 640 < sent < 4 * 256 * 1024 // 640, sent
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs chromium")
@@ -134,16 +141,19 @@ def test_a_busy_page_gets_a_window_of_messages_then_the_newest_and_a_count_of_th
         await asyncio.get_running_loop().run_in_executor(None, go.wait, 30)
         for i in range(n):
             await ws.send(json.dumps({"type": "partial", "seq": i}))
+        # then one piece of reply audio: the worker passes it to the player at once, past the
+        # page's queue, so once the player has it every event before it has reached the worker
+        await ws.send(b"\0\0\0\1" + bytes(640))
         sent.set()
         await asyncio.sleep(30)
 
     with static_site(tmp_path) as site, ws_peer(floods) as url, sync_playwright() as pw:
         browser, page = open_page(pw, site, url)
         # a page that has not got to the worker's messages: it acknowledges none
-        page.evaluate("window.ack = false; window.got = [];")
+        page.evaluate("window.ack = false; window.got = []; window.playerPort();")
         go.set()
         assert sent.wait(30)
-        page.wait_for_timeout(1500)  # the last of them through loopback and into the worker
+        page.wait_for_function("window.pushed === 1", timeout=30_000)  # all of them are in the worker
         held = page.evaluate("window.got.length")
         page.evaluate("""() => { window.ack = true; window.dispatchAck(); }""")
         page.wait_for_function(f"window.got.some(m => m.type === 'event' && m.m.seq === {n - 1})", timeout=30_000)

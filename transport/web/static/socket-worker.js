@@ -27,10 +27,17 @@ let bestRtt = Infinity, serverOffset = 0;
 
 // Bounded both ways. To the page: at most PAGE_WINDOW messages it has not handled yet, then a
 // backlog that keeps the newest PAGE_BACKLOG (the page's own log keeps the newest too). To the
-// server: mic audio is the server's stream clock and cannot be dropped, so a socket that has
-// not sent SEND_CAP_BYTES (~8 s of 16 kHz PCM) is closed, with the reason, rather than grown.
+// server: mic audio is the server's stream clock and cannot be dropped, so a socket whose
+// server has not read SEND_CAP_BYTES of it (~8 s of 16 kHz PCM) is closed, with the reason,
+// rather than grown. What the server has read is counted by pings (the server reads in order,
+// so a pong says every byte sent before its ping was read), not by bufferedAmount: Chromium 156
+// hands frames on to its network process, which queues them without limit, and bufferedAmount
+// stayed at one frame with 38 MB unread by the peer.
 const PAGE_WINDOW = 256, PAGE_BACKLOG = 2048, SEND_CAP_BYTES = 256 * 1024;
+const PROBE_FRAMES = 25, PROBES_HELD = 64;  // a ping every 0.5 s of audio; pings awaiting pongs
 let unseen = 0, lost = 0, closeReason = "";
+let bytesSent = 0, bytesRead = 0;
+const probes = [];  // [t, bytesSent] of each ping not answered yet, oldest first
 const backlog = [];
 function toPage(msg) {
   if (unseen < PAGE_WINDOW && backlog.length === 0) { unseen++; postMessage(msg); return; }
@@ -65,6 +72,7 @@ function open(url) {
     if (m.type === "pong") {
       const rtt = t - m.t;
       if (rtt <= bestRtt) { bestRtt = rtt; serverOffset = m.server_ms - (m.t + t) / 2; }
+      while (probes.length && probes[0][0] <= m.t) bytesRead = probes.shift()[1];
     }
     if (m.type === "endpoint") {
       // frame k was sent when its last sample was captured; the end of speech lies inside it
@@ -79,9 +87,17 @@ function open(url) {
 
 function send(text) { if (isOpen()) ws.send(text); }
 
+function ping() {
+  if (!isOpen()) return;
+  const t = now();
+  probes.push([t, bytesSent]);
+  if (probes.length > PROBES_HELD) probes.shift();  // a later pong still counts what came before
+  ws.send(JSON.stringify({ type: "ping", t }));
+}
+
 function sendFrame(pcm) {
   if (!isOpen()) return;
-  if (ws.bufferedAmount > SEND_CAP_BYTES) {
+  if (bytesSent - bytesRead > SEND_CAP_BYTES || ws.bufferedAmount > SEND_CAP_BYTES) {
     // told now: the close frame waits behind the rest, and its event may come much later
     closeReason = "the connection is not keeping up with the microphone";
     ws.close(4000, closeReason);
@@ -90,7 +106,9 @@ function sendFrame(pcm) {
   }
   frameTimes[framesSent % FRAME_RING] = now();
   framesSent++;
+  bytesSent += pcm.byteLength;
   ws.send(pcm);
+  if (framesSent % PROBE_FRAMES === 0) ping();
 }
 
 onmessage = (e) => {
@@ -99,7 +117,7 @@ onmessage = (e) => {
     case "open": offset = performance.timeOrigin - m.page_origin; open(m.url); break;
     case "send": send(m.text); break;
     case "seen": seen(m.n); break;
-    case "ping": send(JSON.stringify({ type: "ping", t: now() })); break;
+    case "ping": ping(); break;
     case "mic": m.port.onmessage = (f) => { if (f.data.type === "frame") sendFrame(f.data.pcm); }; break;
     case "player":
       player = m.port;
