@@ -6,7 +6,8 @@
 #   docker build --build-arg BASE=nvidia/cuda:12.4.1-runtime-ubuntu22.04 -t duplex:gpu .
 ARG BASE=python:3.11-slim-bookworm
 FROM ${BASE}
-ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1
+# the models made at set-up (the default LLM's requantized file) must be where the duplex user looks
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 DUPLEX_CACHE=/opt/duplex/.cache/duplex
 RUN apt-get update -q && apt-get install -y -q --no-install-recommends python3 python3-venv ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/duplex

@@ -19,6 +19,11 @@ instead of ~120-140 ms. On an AVX2-only CPU (no VNNI) int8 is less accurate: 9.9
 float32's 6.9 %, still ~70-160 ms a final faster. `compute_type` takes any CTranslate2 type
 ("float32", "int8_float32", "float16" on a GPU, ...).
 
+Threads: on a CPU, `load()` times one typical decode under one thread and under min(4, cores)
+once a process, and keeps the faster (`cpu_threads` set explicitly skips it). On 2 shared AVX2
+cores one thread wins: its token steps are 7-8.5 ms against 14-21 ms on two threads, which also
+leaves a core for the LLM and TTS running beside a decode.
+
 Accuracy is traded for latency, measured (`scripts/whisper_settings.py`; dev WER of the final
 decode over `../shared/speech/dev`, and the final's time paired with the default's on the same
 clip, interleaved, 2 shared AVX2 cores where the default's final takes ~220-380 ms): the default
@@ -93,8 +98,17 @@ class WhisperRecognizer:
         from faster_whisper import WhisperModel
 
         source = str(embedded_model_path()) if name in EMBEDDED else name
-        threads = cpu_threads or min(4, os.cpu_count() or 1)
-        model = WhisperModel(source, device=device, compute_type=compute_type, cpu_threads=threads)
+
+        def make(threads: int):
+            return WhisperModel(source, device=device, compute_type=compute_type, cpu_threads=threads)
+
+        key = (source, compute_type)
+        if cpu_threads or device != "cpu":
+            model = make(cpu_threads)
+        elif key in _TUNED_THREADS:
+            model = make(_TUNED_THREADS[key])
+        else:
+            _TUNED_THREADS[key], model = _fastest_threads(make)
         return cls(model, options, name=name)
 
     def open_decoder(self) -> "UtteranceDecoder":
@@ -182,6 +196,48 @@ class WhisperRecognizer:
                             task="transcribe", language=self.options.language)
             self._tok = (tok, list(get_suppressed_tokens(tok, [-1])))
         return self._tok
+
+
+_TUNED_THREADS: dict[tuple[str, str], int] = {}  # (model, compute type) -> threads, timed once a process
+
+
+def _fastest_threads(make: Callable[[int], object], rounds: int = 3) -> tuple[int, object]:
+    """The thread count (1 or up to 4) under which one typical decode is fastest here: the
+    encoder on a 13 s window, then 12 tokens generated one at a time. One thread can win on a
+    small shared CPU because each token's step is too small to split (2 shared AVX2 cores:
+    7-8.5 ms a token on one thread, 14-21 on two, the encoder about even); more threads win on
+    big ones. Timed interleaved, best of `rounds`; the
+    fastest's model is returned with its count."""
+    many = min(4, os.cpu_count() or 1)
+    if many == 1:
+        return 1, make(1)
+    models = {n: make(n) for n in (1, many)}
+    best = {n: float("inf") for n in models}
+    for _ in range(rounds):
+        for n, model in models.items():
+            best[n] = min(best[n], _probe_decode(model))
+    fastest = min(best, key=best.get)
+    return fastest, models[fastest]
+
+
+def _probe_decode(model) -> float:
+    """Seconds for one decode of a 13 s window of noise, with end-of-text suppressed so that
+    it generates exactly 12 tokens."""
+    import time
+
+    from faster_whisper.tokenizer import Tokenizer
+
+    tok = Tokenizer(model.hf_tokenizer, model.model.is_multilingual, task="transcribe", language="en")
+    noise = np.random.default_rng(0).standard_normal(3 * SAMPLE_RATE).astype(np.float32) * 0.01
+    feats = model.feature_extractor(noise)
+    x = np.zeros((feats.shape[0], 1300), dtype=np.float32)
+    x[:, :feats.shape[-1]] = feats
+    prompt = [*tok.sot_sequence, tok.no_timestamps]
+    t = time.perf_counter()
+    encoded = model.encode(x)
+    model.model.generate(encoded, [prompt], max_length=len(prompt) + 12, suppress_blank=False,
+                         suppress_tokens=[tok.eot])
+    return time.perf_counter() - t
 
 
 def drop_repeated_tail(tokens: list[int], min_span: int = 4) -> list[int]:

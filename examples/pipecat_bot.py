@@ -1,6 +1,6 @@
 """A pipecat 1.14 voice bot on duplex's services, fully offline:
 
-    python -m examples.pipecat_bot [--port 8765] [--asr whisper-tiny.en] [--llm qwen2.5-0.5b] [--tts piper]
+    python -m examples.pipecat_bot [--port 8765] [--asr whisper-tiny.en] [--llm qwen2.5-0.5b-iq4_nl] [--tts piper]
 
 pipecat's own WebSocket server transport (protobuf frames, as pipecat's clients speak them) on
 127.0.0.1, Silero VAD and smart-turn v3 (both the ONNX copies inside pipecat-ai), and
@@ -133,7 +133,7 @@ async def main(argv=None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--asr", default="whisper-tiny.en")
-    p.add_argument("--llm", default="qwen2.5-0.5b")
+    p.add_argument("--llm", default="qwen2.5-0.5b-iq4_nl")
     p.add_argument("--tts", default="piper")
     p.add_argument("--max-tokens", type=int, default=120)
     p.add_argument("--stack", choices=("duplex", "pipecat"), default="duplex",

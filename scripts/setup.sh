@@ -64,4 +64,8 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
 else
   step "pip: duplex already installed (pyproject unchanged)"
 fi
+# The default LLM is requantized from the shipped file into the cache (DUPLEX_CACHE, else
+# ~/.cache/duplex) once; made here so that the first `duplex serve` does not wait for it.
+step "llm: the default model (made once from the bundled file: about a minute the first time)"
+"$VENV/bin/python" -c "from llm.bundled import DEFAULT, resolve; print(resolve(DEFAULT))"
 step "set-up complete"

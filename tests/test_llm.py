@@ -161,17 +161,18 @@ async def test_a_stopped_read_ahead_ends_mid_decode_and_leaves_the_cache_whole(m
     assert evals == []
 
 
-async def test_the_q4_0_model_is_made_once_from_the_bundled_one_and_answers(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name,ftype", [("qwen2.5-0.5b-q4_0", "2"), ("qwen2.5-0.5b-iq4_nl", "25")])
+async def test_a_requantized_model_is_made_once_from_the_bundled_one_and_answers(name, ftype, tmp_path, monkeypatch):
     from llm import load_chat_model
     from llm.bundled import resolve
 
     monkeypatch.setenv("DUPLEX_CACHE", str(tmp_path))
-    path = resolve("qwen2.5-0.5b-q4_0")
+    path = resolve(name)
     assert path.parent == tmp_path and path.stat().st_size > 100e6
     made = path.stat().st_mtime_ns
-    assert resolve("qwen2.5-0.5b-q4_0") == path and path.stat().st_mtime_ns == made  # not made again
+    assert resolve(name) == path and path.stat().st_mtime_ns == made  # not made again
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]  # no temporary file left
-    model = load_chat_model("qwen2.5-0.5b-q4_0")
-    assert model._llm.metadata["general.file_type"] == "2"  # llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_0
+    model = load_chat_model(name)
+    assert model._llm.metadata["general.file_type"] == ftype  # llama.cpp's LLAMA_FTYPE_MOSTLY_* number
     answer = "".join([p async for p in model.stream([SYSTEM, {"role": "user", "content": "What is the capital of France?"}])])
     assert "paris" in answer.lower(), answer
