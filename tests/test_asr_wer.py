@@ -93,8 +93,12 @@ async def stream_wer(recognizer) -> tuple[float, list[str]]:
 
 @pytest.mark.skipif(not (DEV / "transcripts.tsv").exists(), reason="shared/speech/dev is missing")
 async def test_remote_recognizer_wer_equals_the_in_process_one():
-    """`--asr ws://` against `duplex asr-serve` (Whisper) hears the dev set as well as the
-    embedded Whisper in this process does (within 1 point of WER)."""
+    """`--asr ws://` against `duplex asr-serve` (Whisper) hears the dev set at least as well as
+    the embedded Whisper in this process does (no more than 1 point of WER worse). Not equal:
+    the service cuts utterances on its own VAD, so a clip's final decode may see a slightly
+    different span, and greedy tiny.en flips on the borderline ones (on the AMD EPYC of
+    2026-12-04 the in-process stream heard "5 5 5 5 5" where the service heard "5 5.", 9.9 %
+    against 6.9 %; one word is a point)."""
     from asr import load_recognizer
     from asr.remote import RemoteRecognizer
     from asr.server import AsrServer, build_recognizer, parse_args
@@ -104,5 +108,5 @@ async def test_remote_recognizer_wer_equals_the_in_process_one():
     async with service, AsrServer(service).serving("127.0.0.1", 0) as port:
         remote, hyps = await stream_wer(RemoteRecognizer(f"ws://127.0.0.1:{port}"))
     print(f"WER in-process {local:.3f}, remote {remote:.3f}; remote heard {hyps}")
-    assert abs(remote - local) <= 0.01
-    assert local <= 0.12
+    assert remote <= local + 0.01
+    assert local <= 0.12 and remote <= 0.12
