@@ -93,14 +93,16 @@ Defaults, and why:
 - `backchannels` none: only non-lexical sounds (`NONLEXICAL`) let the bot go on; "yeah" or
   "okay" over it interrupts it (Whisper wrote "MMHMM" for flite's "Mm-hmm.", "Mmh" mid-way).
 - `max_utterance_s` 25: Whisper decodes at most 30 s at once.
-- "combined" (the default since 2026-12-02): `text_weight` 3, `text_bias` 14, `combined_threshold` 0.5, `min_wait_s`
+- "combined" (the default since 2026-12-02): `text_weight` 3, `text_bias` 13, `combined_threshold` 0.5, `min_wait_s`
   0.1, chosen on `duplex bench turns` (82 complete, 150 incomplete utterances; a grid over
-  weight 1-3, bias 12-16, threshold 0.3-0.7). With its default model costs it gives 217/243 ms
-  p50/p90 from the true end of speech to the end of turn and 4.0 % false cut-offs (6/150),
-  against 302/592 ms and 74.7 % for the rules and 302/1571 ms and 56.7 % for smart-turn alone
-  (2026-12-01, README). The text score decides (cut fragments: 1e-7-1e-12; complete requests,
-  unpunctuated: 1e-1-1e-7; its bias is the trade-off: 13 gives 3.3 % and p90 254 ms, 16 gives
-  7.3 % and 236 ms), so the decode runs first and smart-turn only when it could still move the
+  weight 1-3, bias 12-16, threshold 0.3-0.7). With its default model costs it gives 223/254 ms
+  p50/p90 from the true end of speech to the end of turn and 4.7 % false cut-offs (7/150) on
+  a Zen 5 EPYC (2026-12-04; 3.3 % on the Xeon of 2026-12-01), against 302/580 ms and 74.7 %
+  for the rules and 302/1571 ms and 56.7 % for smart-turn alone (README). The text score
+  decides (cut fragments: 1e-7-1e-12; complete requests, unpunctuated: 1e-1-1e-7; its bias is
+  the trade-off: 14 gave 217/243 ms and 4.0 % on the Xeon but 6.0 % (9/150) on the Zen 5, whose
+  int8 Whisper writes a few fragments differently; 12 cuts off 4.0 % there for a p90 of 1296
+  ms; 16 gives 7.3-8.7 % and 236 ms), so the decode runs first and smart-turn only when it could still move the
   wait (`wants_audio_verdict`): smart-turn calls most cut fragments complete in these voices. The
   cut-offs left are Whisper's: it completes a cut fragment ("Set a timer for it.", "some tips
   for some tips?").
@@ -172,7 +174,7 @@ class TurnConfig:
     combined_threshold: float = 0.5  # "combined": P(done) at or above it ends at min_wait_s
     min_wait_s: float = 0.1  # "combined": Silero silence that ends a turn judged done
     text_weight: float = 3.0  # "combined": the text score's weight (logits added)
-    text_bias: float = 14.0  # "combined": added to the text score's logit
+    text_bias: float = 13.0  # "combined": added to the text score's logit
     punctuation_wait_s: float | None = None  # "combined": a sentence-final transcript caps the wait
     combined_needs_text: bool = True  # "combined": no decision before the text score
 

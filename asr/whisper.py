@@ -22,7 +22,8 @@ float32's 6.9 %, still ~70-160 ms a final faster. `compute_type` takes any CTran
 Threads: on a CPU, `load()` times one typical decode under one thread and under min(4, cores)
 once a process, and keeps the faster (`cpu_threads` set explicitly skips it). On 2 shared AVX2
 cores one thread wins: its token steps are 7-8.5 ms against 14-21 ms on two threads, which also
-leaves a core for the LLM and TTS running beside a decode.
+leaves a core for the LLM and TTS running beside a decode; on 2 Zen 5 cores the probe took
+76-92 ms on one thread, 113-120 on two.
 
 Accuracy is traded for latency, measured (`scripts/whisper_settings.py`; dev WER of the final
 decode over `../shared/speech/dev`, and the final's time paired with the default's on the same

@@ -1,5 +1,7 @@
 """`duplex bench turns`' core: the labels it puts on the audio and what it measures, on synthetic
 VAD frames and stand-in models (milliseconds), then once on flite speech with the real Silero."""
+import math
+
 import numpy as np
 import pytest
 
@@ -86,8 +88,9 @@ def test_combined_asks_smart_turn_after_the_text_only_when_it_could_change_the_w
     assert o.features[0][0] == pytest.approx(41 * F + 0.14, abs=1e-3)
     assert o.end_s == pytest.approx(o.features[0][0], abs=1e-3)
     assert decided.calls == {"eou": 0, "asr": 1, "text": 1}
-    # one on the fence (1e-6): smart-turn is asked then, and its "complete" ends the turn 25 ms later
-    fence = Stub(audio_p=0.9, text="hello there", text_p=1e-6)
+    # one on the fence (its logit cancels the bias): smart-turn is asked then, and its
+    # "complete" ends the turn 25 ms later
+    fence = Stub(audio_p=0.9, text="hello there", text_p=1 / (1 + math.exp(TurnConfig().text_bias)))
     o = bt.replay(u, pol, fence.models(), costs)
     assert [k for _, k, _ in o.features] == ["text_p", "audio_p"]
     assert o.features[1][0] == pytest.approx(41 * F + 0.165, abs=1e-3)
