@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from agent.listener import ListenerConfig
 from agent.reply import LLM_APOLOGY, ReplyConfig
 from agent.turns import TurnConfig
+from agent.workers import physical_cores
 from asr.base import StreamingRecognizer
 from llm.base import ChatModel
 from tts.base import Synthesizer
@@ -32,6 +33,9 @@ class SessionConfig:
     greeting: str | None = None
     max_speculations_per_turn: int = 5
     final_pad_s: float = 0.12
+    # the reply speculates on a pause's transcript while the text model judges it, where there are
+    # cores for both (`ListenerConfig.speculate_before_verdict`)
+    speculate_before_verdict: bool = field(default_factory=lambda: physical_cores() >= 2)
     # the LLM's first token must come within this, and each next one within this of the one
     # before, or the reply fails (None: wait for ever). `--llm-timeout` (5 s) sets it for an LLM
     # server, which can be down or stalled; an embedded model is only ever slow
@@ -44,7 +48,8 @@ class SessionConfig:
                            llm_timeout_s=self.llm_timeout_s, apology=self.llm_apology)
 
     def listener(self) -> ListenerConfig:
-        return ListenerConfig(self.turns, self.max_speculations_per_turn, self.final_pad_s)
+        return ListenerConfig(self.turns, self.max_speculations_per_turn, self.final_pad_s,
+                              speculate_before_verdict=self.speculate_before_verdict)
 
 
 @dataclass

@@ -130,6 +130,10 @@ class ListenerConfig:
     # decode_after_s plus one VAD frame, so the early decode and the final see the same audio
     final_pad_s: float = 0.12
     max_words: int = 512  # recognized words not yet taken by a turn (bounded)
+    # offer a pause's transcript to speculate on before the text model judges it, so the reply's
+    # prompt and first words are computed meanwhile (with two cores or more; on one core's two
+    # hyperthreads both would run at half speed, and the end of the turn waits for the verdict)
+    speculate_before_verdict: bool = True
 
 
 class Listener:
@@ -348,25 +352,29 @@ class Listener:
 
         if not open_turn() or not any(ch.isalnum() for ch in text):
             return
+        if self.config.speculate_before_verdict:  # a verdict that ends the turn commits it
+            await self._offer(t_end, text)
         text_p = None
         if self.turns.config.endpointing == "combined":  # one text turn check per silence and text
-            # before the speculation: beside the reply's LLM it is slower (they share the cores),
-            # and the turn's end waits for it
             if self._text_p is None or self._text_p[:2] != (t_end, text):
                 self._text_p = (t_end, text, _spawn(self._text_turn_check(text), "text-turn"))
             text_p = await asyncio.shield(self._text_p[2])
             if not open_turn():
                 return  # the user went on meanwhile
         await self._run_commands(self.turns.on_transcript(self.t_audio, ends_sentence(text), text_p, t_end))
-        # a turn this verdict ended has its final next (the same decode, cached): no speculation
-        if open_turn() and self._offered != t_end:  # once per silence (before the pause, or at it)
-            self._offered = t_end
-            await self._emit(PauseTranscript(text))
+        # (judged first: a turn this verdict ended has its final next, the same decode, cached)
+        if open_turn():
+            await self._offer(t_end, text)
         if not self.turns.audio_first and open_turn() and self.turns.wants_audio_verdict():
             if self._eou_task is not None and not self._eou_task.done():
                 await asyncio.wait([self._eou_task])  # an earlier silence's: the policy waits for this one's
             if open_turn():
                 self._start_eou_check(t_end)
+
+    async def _offer(self, t_end: float, text: str) -> None:
+        if self._offered != t_end:  # once per silence (before the pause, or at it)
+            self._offered = t_end
+            await self._emit(PauseTranscript(text))
 
     async def _text_turn_check(self, text: str) -> float:
         with self.tracer.span(Stage.TURN, Ev.TEXT_TURN_CHECK, turn=self._turn()):

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 _POOLS: dict[str, ThreadPoolExecutor] = {}
 _SIZES = {"vad": 1, "eou": 1, "llm-warm": 1}  # small models: queueing beats sharing 2 cores
@@ -17,6 +18,20 @@ def pool(kind: str) -> ThreadPoolExecutor:
         size = min(_SIZES.get(kind, 1), os.cpu_count() or 1)
         _POOLS[kind] = ThreadPoolExecutor(size, thread_name_prefix=f"duplex-{kind}")
     return _POOLS[kind]
+
+
+def physical_cores(cpu_dir: str = "/sys/devices/system/cpu") -> int:
+    """Distinct cores among the CPUs this process may run on: hyperthreads of one core count once
+    (two models side by side on them run at about half speed each). Without the topology each
+    CPU counts."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for c in cpus:
+        try:
+            cores.add(Path(cpu_dir, f"cpu{c}", "topology", "thread_siblings_list").read_text().strip())
+        except OSError:
+            cores.add(f"cpu{c}")
+    return max(1, len(cores))
 
 
 async def cancel_and_wait(*tasks: asyncio.Task | None) -> None:

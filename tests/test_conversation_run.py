@@ -58,8 +58,9 @@ def backchannel_conversation(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rules_conversation(tmp_path_factory):
-    """With the rules, which speculate at most pauses (the combined policy's text score often
-    ends the turn at once, with nothing to speculate on) and ask smart-turn first. 1.5 s of silence
+    """With the rules, which speculate at every pause whatever the cores (the combined policy,
+    on one core's hyperthreads, often ends the turn at its verdict, with nothing to speculate
+    on) and ask smart-turn first. 1.5 s of silence
     end a sentence here: with the default half second, a machine on which the decode takes
     longer (528 ms after smart-turn's 156 ms, one day; 940 ms after 414 beside another run) ends
     the turn as the transcript comes, with nothing left to speculate on."""

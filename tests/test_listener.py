@@ -12,15 +12,16 @@ from transport.base import AudioIn
 RATE = 16000
 
 
-async def listen(script: list[str], audio: np.ndarray, **turns) -> tuple[list, L.Listener, ScriptedRecognizer]:
-    cfg = TurnConfig(use_eou=False, **turns)
-    out: list = []
+async def listen(script: list[str], audio: np.ndarray, eou=None, listener_config: dict | None = None,
+                 out: list | None = None, **turns) -> tuple[list, L.Listener, ScriptedRecognizer]:
+    cfg = TurnConfig(use_eou=eou is not None, **turns)
+    out = [] if out is None else out
 
     async def emit(ev):
         out.append(ev)
 
     asr = ScriptedRecognizer(script)
-    listener = L.Listener(asr, EnergyVAD(), None, L.ListenerConfig(cfg), NullTracer(), emit)
+    listener = L.Listener(asr, EnergyVAD(), eou, L.ListenerConfig(cfg, **(listener_config or {})), NullTracer(), emit)
     await listener.open()
     for k in range(0, audio.size, 320):
         await listener.on_audio(AudioIn(audio[k:k + 320], RATE))
@@ -58,6 +59,48 @@ async def test_the_pause_gives_a_transcript_to_speculate_on_before_the_turn_ends
     kinds = [type(e) for e in out]
     assert L.PauseTranscript in kinds and kinds.index(L.PauseTranscript) < kinds.index(L.TurnEnded)
     assert [e.text for e in out if isinstance(e, L.PauseTranscript)] == ["how many legs"]
+    await listener.close()
+
+
+class TurnScores:
+    """An end-of-turn double with a text score: fixed scores, and what the listener had said
+    before each text check (`seen`)."""
+
+    def __init__(self, out: list, text_p: float, audio_p: float = 0.5):
+        self.out, self.text_p, self.audio_p, self.seen = out, text_p, audio_p, []
+
+    def probability(self, audio) -> float:
+        return self.audio_p
+
+    def text_probability(self, text: str) -> float:
+        self.seen.append([type(e) for e in self.out])
+        return self.text_p
+
+
+async def test_the_reply_speculates_while_the_text_model_judges_the_pause():
+    """With cores for both, the pause's transcript is offered before the text check, so the
+    reply's prompt runs beside it; a verdict that ends the turn then commits that speculation."""
+    out: list = []
+    eou = TurnScores(out, text_p=0.9)
+    audio = np.concatenate([gap(0.3), burst(0.6), gap(1.0)])
+    _, listener, _ = await listen(["what is the capital of France"], audio, eou=eou, out=out, endpointing="combined")
+    assert eou.seen and all(L.PauseTranscript in seen for seen in eou.seen), eou.seen
+    kinds = [type(e) for e in out]
+    assert kinds.index(L.PauseTranscript) < kinds.index(L.TurnEnded) < kinds.index(L.UserTranscript)
+    await listener.close()
+
+
+async def test_on_one_core_the_text_model_judges_before_the_reply_speculates():
+    """`speculate_before_verdict=False`: the verdict first (a turn it ends has its final next,
+    the same decode: nothing to speculate on); the transcript is offered only after it."""
+    out: list = []
+    eou = TurnScores(out, text_p=1e-9)
+    audio = np.concatenate([gap(0.3), burst(0.6), gap(2.0)])  # unfinished: the turn waits the 1.5 s cap
+    _, listener, _ = await listen(["what is the capital of France"], audio, eou=eou, out=out, endpointing="combined",
+                                  listener_config={"speculate_before_verdict": False})
+    assert eou.seen and all(L.PauseTranscript not in seen for seen in eou.seen), eou.seen
+    kinds = [type(e) for e in out]
+    assert kinds.index(L.PauseTranscript) < kinds.index(L.TurnEnded) < kinds.index(L.UserTranscript)
     await listener.close()
 
 
