@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,10 +21,11 @@ def pool(kind: str) -> ThreadPoolExecutor:
     return _POOLS[kind]
 
 
+@functools.cache
 def physical_cores(cpu_dir: str = "/sys/devices/system/cpu") -> int:
     """Distinct cores among the CPUs this process may run on: hyperthreads of one core count once
     (two models side by side on them run at about half speed each). Without the topology each
-    CPU counts."""
+    CPU counts. Read once a process (every session's config asks)."""
     cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
     cores = set()
     for c in cpus:

@@ -222,8 +222,9 @@ def _fastest_threads(make: Callable[[int], object], rounds: int = 3) -> tuple[in
 
 
 def _probe_decode(model) -> float:
-    """Seconds for one decode of a 13 s window of noise, with end-of-text suppressed so that
-    it generates exactly 12 tokens."""
+    """Seconds for one decode of a 13 s encoder window (3 s of quiet noise, then padding, as an
+    utterance plus `window_pad_s` is), with end-of-text suppressed so that it generates exactly
+    12 tokens."""
     import time
 
     from faster_whisper.tokenizer import Tokenizer

@@ -27,6 +27,7 @@ def test_one_core_times_nothing(monkeypatch):
     assert whisper._fastest_threads(lambda n: f"model/{n}") == (1, "model/1")
 
 
+@pytest.mark.models
 def test_load_times_the_real_model_once_and_a_named_count_is_used_as_given(monkeypatch):
     import faster_whisper
 
