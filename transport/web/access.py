@@ -1,5 +1,7 @@
 """Who may open a browser conversation: a shared token, when one is set, and the page's Origin,
-so that another web page the user visits cannot open ws://127.0.0.1:PORT/ws behind their back."""
+so that another web page the user visits cannot open ws://127.0.0.1:PORT/ws behind their back.
+The phone routes are for carriers, which send no Origin: a browser page may not open them at
+all unless its origin is listed (`foreign_page`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,6 +42,19 @@ class BrowserAccess:
         if self.token is not None and not has_token(request, self.token):
             return HTTPStatus.UNAUTHORIZED, "a token is required: ?token=TOKEN or Authorization: Bearer TOKEN\n"
         return None
+
+    def foreign_page(self, request: Request) -> tuple[HTTPStatus, str] | None:
+        """A phone route's check before the carrier's own: carriers send no Origin header and
+        browsers always do, so an upgrade with one is a web page, refused unless its origin is
+        in `allowed_origins` (the server's own and loopback pages are not let in by default:
+        no page of ours opens a phone route)."""
+        origins = request.headers.get_all("Origin")
+        if not origins:
+            return None
+        if len(origins) == 1 and _origin(origins[0]) in self.allowed_origins:
+            return None
+        return HTTPStatus.FORBIDDEN, (f"a web page (origin {origins[0][:100]}) may not open a phone route "
+                                      "(see --allowed-origin)\n")
 
     def _origin_allowed(self, origin: str, host: str) -> bool:
         if origin in (f"http://{host.lower()}", f"https://{host.lower()}"):

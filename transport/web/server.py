@@ -200,7 +200,10 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
             return _text(HTTPStatus.METHOD_NOT_ALLOWED, f"{path} takes a POST\n")
         if path in factories:
             guard = guards.get(path)
-            refusal = guard(request) if guard is not None else None
+            # a phone route is for carriers: a browser page (it sends an Origin) may not open it
+            refusal = access.foreign_page(request) if path != "/ws" else None
+            if refusal is None and guard is not None:
+                refusal = guard(request)
             if refusal is not None:
                 log.warning("refused %s from %s: %s", path, connection.remote_address, refusal[1].strip())
                 return _refused(refusal)
