@@ -160,6 +160,7 @@ def cmd_serve(args) -> int:
                          max_sessions=args.max_sessions, load=LoadPolicy(cpu_threshold=args.load_threshold),
                          drain_timeout_s=args.drain_timeout, trace_dir=args.trace_dir, auth_token=args.auth_token,
                          allowed_origins=args.allowed_origin or [], certfile=args.certfile, keyfile=args.keyfile,
+                         allowed_hosts=args.allowed_host or [], public_url=args.public_url,
                          ice_hosts=args.ice_host or [], ice_servers=args.ice_server or [],
                          turn_secret=args.turn_secret, turn_ttl_s=args.turn_ttl,
                          listeners=dict(map(_listener, args.listener or [])))
@@ -347,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="a web origin (scheme://host[:port]) whose pages may open /ws; repeat for more. "
                         "The server's own origin always may; default: also http(s)://localhost and "
                         "127.0.0.1 on any port. A browser from any other origin gets HTTP 403")
+    p.add_argument("--allowed-host", action="append", metavar="NAME",
+                   help="a host name clients may reach this server by (the Host header); repeat for more. "
+                        "IP addresses, localhost and --host always may, and so may --public-url's host; "
+                        "any other name gets HTTP 403, which defeats DNS rebinding")
     p.add_argument("--ice-host", action="append", metavar="IP",
                    help="WebRTC: gather only this host address as an ICE candidate (repeat for more; "
                         "e.g. 127.0.0.1 for a page on this machine); default: every interface's address")

@@ -20,6 +20,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -65,6 +66,9 @@ class ServeConfig:
     trace_dir: str | None = None
     auth_token: str | None = None
     allowed_origins: list[str] = field(default_factory=list)
+    # host names (Host header) served besides loopback ones, IP literals and `host`: DNS rebinding
+    allowed_hosts: list[str] = field(default_factory=list)
+    public_url: str | None = None  # the wss:// URL carriers were given: its host is served too
     guards: dict[str, Guard] = field(default_factory=dict)  # phone routes: the carriers' signatures
     certfile: str | None = None
     keyfile: str | None = None
@@ -78,6 +82,10 @@ class ServeConfig:
         """ValueError on a bad --ice-host, --ice-server or TURN setting."""
         return WebRTCOptions(tuple(self.ice_hosts),
                              IceServers(tuple(self.ice_servers), self.turn_secret, self.turn_ttl_s))
+
+    def served_hosts(self) -> list[str]:
+        public = urlsplit(self.public_url).hostname if self.public_url else None
+        return [h for h in (self.host, *self.allowed_hosts, public) if h]
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.certfile is None:
@@ -162,7 +170,8 @@ class Server:
         tasks = [asyncio.create_task(run_server(
                      self._conversation, cfg.host, cfg.port, self.models.tts.sample_rate, web_ready,
                      admission=self.admission, routes=routes, http_routes={"/metrics": self.metrics.exposition},
-                     access=BrowserAccess.of(cfg.auth_token, cfg.allowed_origins), guards=cfg.guards,
+                     access=BrowserAccess.of(cfg.auth_token, cfg.allowed_origins, cfg.served_hosts()),
+                     guards=cfg.guards,
                      busy=self._busy, ssl=cfg.ssl_context(), post_routes=offer_routes(offers),
                      guarded_routes=config_routes(offers)), name="web"),
                  asyncio.create_task(self.monitor.run(on_lag=self.metrics.loop_lag.observe), name="load")]

@@ -194,6 +194,10 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
 
     async def process_request(connection: BodyConnection, request: Request):
         path = _path(request)
+        if (refusal := access.host_refusal(request)) is not None:  # DNS rebinding, on every route
+            log.warning("refused %s %s from %s: %s", request.method[:16], path[:100], connection.remote_address,
+                        refusal[1].strip())
+            return _refused(refusal)
         if request.method != "GET":
             return await process_post(connection, request, path)
         if path in post_routes:
