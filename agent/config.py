@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 from agent.listener import ListenerConfig
 from agent.reply import LLM_APOLOGY, ReplyConfig
 from agent.turns import TurnConfig
+from agent.voice_agent import DEFAULT_INSTRUCTIONS
 from agent.workers import physical_cores
 from asr.base import StreamingRecognizer
 from llm.base import ChatModel
 from tts.base import Synthesizer
 
-DEFAULT_SYSTEM_PROMPT = (
-    "You are a friendly voice assistant. Reply in one or two short, plain English sentences.")
+DEFAULT_SYSTEM_PROMPT = DEFAULT_INSTRUCTIONS
 
 
 @dataclass

@@ -6,13 +6,20 @@ Pure code, no models, no I/O, no clocks of its own.
   unplayed leave it (a paused reply sends them again when it resumes).
 - `History`: the context messages, cut back in one go when too long (so the LLM's cached
   prompt prefix stays valid for several turns), with the exchange of a cut reply kept as heard.
+  A tool call and its result are always kept together (the cut starts at a user's turn).
 """
 from __future__ import annotations
 
+import asyncio
+import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llm.base import Message
+
+# a tool's result when the user's barge-in stopped it
+CANCELLED = json.dumps({"error": "cancelled: the user interrupted before it finished"})
 
 
 class Heard:
@@ -50,6 +57,7 @@ class History:
     max_messages: int = 16
     messages: list[Message] = field(default_factory=list)
     on_new_prefix: Callable[[], None] | None = None
+    waiting: list[asyncio.Task] = field(default_factory=list)  # tools whose results are still to come
 
     def prompt(self, system: str, user_text: str | None) -> list[Message]:
         out: list[Message] = [{"role": "system", "content": system}, *self.messages]
@@ -59,14 +67,45 @@ class History:
 
     def remember(self, user: str, assistant: str) -> None:
         """Store one exchange: the user's words (none before a greeting) and what was heard."""
+        self.remember_reply(user, [{"role": "assistant", "content": assistant}] if assistant else [])
+
+    def remember_reply(self, user: str, reply: list[Message],
+                       waiting: list[tuple[Message, asyncio.Task]] = ()) -> None:
+        """Store one exchange: the user's words and the reply's messages (what was heard, and
+        its tool calls with their results). `waiting`: tool messages whose result is still to
+        come from a task that runs on (a tool a barge-in did not stop); `settle` waits for them."""
         if user:
             self.messages.append({"role": "user", "content": user})
-        if assistant:
-            self.messages.append({"role": "assistant", "content": assistant})
+        self.messages.extend(reply)
+        for message, task in waiting:
+            task.add_done_callback(functools.partial(_fill, message))
+            self.waiting.append(task)
         if len(self.messages) > self.max_messages:
             keep = self.max_messages // 2
             del self.messages[:len(self.messages) - keep]
-            if self.messages and self.messages[0]["role"] == "assistant":
-                del self.messages[0]  # never start the context with an answer
+            # start at a user's turn: never with an answer, nor a tool result without its call
+            while self.messages and self.messages[0]["role"] != "user":
+                del self.messages[0]
         if self.on_new_prefix is not None:
             self.on_new_prefix()
+
+    async def settle(self) -> None:
+        """Until every tool result the history waits for has come."""
+        self.waiting = [t for t in self.waiting if not t.done()]
+        if self.waiting:
+            await asyncio.wait(self.waiting)
+            self.waiting = []
+
+    async def settled_prompt(self, system: str, user_text: str | None) -> list[Message]:
+        await self.settle()
+        return self.prompt(system, user_text)
+
+
+def _fill(message: Message, task: asyncio.Task) -> None:
+    """A tool that ran on after its reply was cut has ended: its message gets the result."""
+    if task.cancelled():
+        message["content"] = CANCELLED
+    elif task.exception() is not None:
+        message["content"] = json.dumps({"error": f"failed: {task.exception()}"})
+    else:
+        message["content"] = task.result()

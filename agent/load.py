@@ -112,11 +112,12 @@ class QueuedLLM:
         self.warm = getattr(inner, "warm", None)  # the session warms prompts when it can
         self.waiting = 0
 
-    async def stream(self, messages, max_tokens: int | None = None) -> AsyncIterator[str]:
+    async def stream(self, messages, max_tokens: int | None = None, tools: list[dict] | None = None) -> AsyncIterator:
         self.waiting += 1
         queued = True
         try:
-            async with contextlib.aclosing(self.inner.stream(messages, max_tokens)) as tokens:
+            offer = {"tools": tools} if tools else {}  # a model that takes no tools is never offered any
+            async with contextlib.aclosing(self.inner.stream(messages, max_tokens, **offer)) as tokens:
                 async for token in tokens:
                     if queued:
                         queued = False

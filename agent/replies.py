@@ -96,17 +96,17 @@ class Replies:
         self.tracer.instant(Stage.TRANSPORT, Ev.CLEAR, turn=len(self.records) - 1)
         return audible
 
-    async def barge_in(self) -> str:
-        """Words over the bot: cut the paused reply; returns what was heard of it (nothing
-        after the pause: the far end dropped it)."""
+    async def barge_in(self) -> TurnRecord | None:
+        """Words over the bot: cut the paused reply; returns its turn, with what was heard of
+        it (nothing after the pause: the far end dropped it), or None if there was none."""
         self.paused = False
         reply, self.current = self.current, None
         await self.cancel_branch(CUT_BY_WORDS)
         if reply is None:
-            return ""
+            return None
         await reply.cancel()
         self._keep_cut(reply, CUT_BY_WORDS)
-        return reply.record.heard_text
+        return reply.record
 
     def resume(self) -> bool:
         """A false interruption: the paused reply plays on from the sample where its audio
@@ -136,4 +136,4 @@ class Replies:
         rec.reply_text = "".join(rec.tokens).strip()
         rec.heard_text = reply.playout.heard_text()
         self.tracer.instant(Stage.TURN, Ev.INTERRUPTED, turn=rec.index, heard=rec.heard_text, why=why)
-        self.history.remember(rec.user_text, rec.heard_text)
+        self.history.remember_reply(rec.user_text, *reply.history_messages(rec.heard_text))

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,9 +34,10 @@ import numpy as np
 
 from agent.history import Heard
 from agent.records import TurnRecord
+from agent.tool_steps import ReplyTools
 from agent.trace import Ev, Stage
 from agent.workers import cancel_and_wait
-from llm.base import ChatModel, Message
+from llm.base import ChatModel, Message, ToolCall, assistant_calls
 from transport.base import AudioOut, Transport
 from transport.events import BotText, SessionEvent
 from tts.base import AudioChunk, Synthesizer, known_text
@@ -127,6 +128,7 @@ class Playout:
         self._sending = asyncio.Lock()  # held while a piece is on its way to the transport
         self._sender: asyncio.Task | None = None
         self._error: BaseException | None = None  # the transport failed: every wait raises it
+        self._last_ended = -1  # the latest piece the far end said it played to its end
 
     @property
     def paused(self) -> bool:
@@ -231,6 +233,20 @@ class Playout:
                 p.started_at = time.perf_counter() if at is None else at
                 break
 
+    def on_ended(self, chunk_id: int) -> None:
+        """The far end finished playing piece `chunk_id`."""
+        self._last_ended = max(self._last_ended, chunk_id)
+        self._changed()
+
+    async def wait_heard(self) -> None:
+        """Until the far end has played everything sent to its end: its end mark of the last
+        piece where it reports playout (ids grow, so a later piece's mark counts too), else
+        the clock."""
+        await self.wait_played()
+        if self.transport.reports_playout and self._recent:
+            last = self._recent[-1].cid
+            await self._until(lambda: self._last_ended >= last)
+
     def played(self) -> set[int]:
         """The pieces the far end started playing (its marks), else those whose time came."""
         if self.transport.reports_playout:
@@ -318,10 +334,15 @@ class Reply:
 
     def __init__(self, record: TurnRecord, messages: list[Message], *, llm: ChatModel, tts: Synthesizer,
                  transport: Transport, config: ReplyConfig, tracer, new_chunk_id: Callable[[], int],
-                 hooks: ReplyHooks, speculative: bool = False, fixed_text: str | None = None):
+                 hooks: ReplyHooks, speculative: bool = False, fixed_text: str | None = None,
+                 tools: ReplyTools | None = None, context: Callable[[], Awaitable[list[Message]]] | None = None):
         self.record, self.messages = record, messages
         self.llm, self.tts, self.config, self.tracer, self.hooks = llm, tts, config, tracer, hooks
         self.fixed_text = fixed_text
+        self.tools = tools  # the agent's tools, as this reply runs them (None: it has none)
+        # the prompt, awaited when the LLM is first asked (a tool a cut reply left running ends first)
+        self._context = context
+        self._said_words = 0  # words sent to the voice: where a tool round falls in what was heard
         self.playout = Playout(transport, config.playout_lead_s, config.piece_s, new_chunk_id)
         self.gate = asyncio.Event()  # audio is held until it opens (a speculation's commit)
         if not speculative:
@@ -368,6 +389,21 @@ class Reply:
         """Play on from the sample where the far end stopped; returns it (reply seconds)."""
         self._unpaused.set()
         return self.playout.resume()
+
+    @property
+    def ran_tools(self) -> bool:
+        return self.tools is not None and bool(self.tools.steps)
+
+    @property
+    def ends_call(self) -> bool:
+        """A tool (end_call) asked that the call end once this reply has been heard."""
+        return self.tools is not None and self.tools.ends_call
+
+    def history_messages(self, heard: str) -> tuple[list[Message], list]:
+        """What the history keeps of this reply, given the words heard (see ReplyTools)."""
+        if self.tools is not None and self.tools.steps:
+            return self.tools.history_messages(heard)
+        return ([{"role": "assistant", "content": heard}] if heard else []), []
 
     @property
     def running(self) -> bool:
@@ -432,18 +468,20 @@ class Reply:
         first_piece_done = asyncio.Event()
 
         async def emit(piece: str) -> None:
+            self._said_words += len(piece.split())
             if waterfall:
                 held.append(piece)
             else:
                 await text_q.put(piece)
                 await first_piece_done.wait()
 
-        async def token_source() -> AsyncIterator[str]:
+        async def token_source(messages: list[Message]) -> AsyncIterator[str | ToolCall]:
             if self.fixed_text is not None:
                 for word in self.fixed_text.split(" "):
                     yield word + " "
                 return
-            async with contextlib.aclosing(self.llm.stream(self.messages, cfg.max_tokens)) as toks:
+            offer = {"tools": self.tools.specs()} if self.tools is not None and self.tools.tools else {}
+            async with contextlib.aclosing(self.llm.stream(messages, cfg.max_tokens, **offer)) as toks:
                 it, n = aiter(toks), 0
                 while True:
                     await self._unpaused.wait()  # not part of the LLM's time: outside its bound
@@ -465,12 +503,16 @@ class Reply:
                     n += 1
                     yield tok
 
-        async def think() -> None:
-            chunker = TextChunker(first_max_words=cfg.first_chunk_words)
+        async def generate(messages: list[Message], chunker: TextChunker) -> list[ToolCall]:
+            """One LLM request: its text goes to the voice, its tool calls come back."""
+            calls: list[ToolCall] = []
             span = tr.begin(Stage.LLM, Ev.GENERATE, turn=rec.index, model=getattr(self.llm, "name", "llm"))
             try:
-                async with contextlib.aclosing(token_source()) as toks:
+                async with contextlib.aclosing(token_source(messages)) as toks:
                     async for tok in toks:
+                        if isinstance(tok, ToolCall):
+                            calls.append(tok)  # read on: a model may ask for several at once
+                            continue
                         if not tokens:
                             rec.llm_first_token = time.perf_counter()
                             tr.instant(Stage.LLM, Ev.FIRST_TOKEN, turn=rec.index)
@@ -484,9 +526,34 @@ class Reply:
                 tr.instant(Stage.LLM, Ev.CANCEL, turn=rec.index)
                 raise
             finally:
-                tr.end(span, tokens=len(tokens))
+                tr.end(span, tokens=len(tokens), tool_calls=len(calls))
+            return calls
+
+        async def think() -> None:
+            chunker = TextChunker(first_max_words=cfg.first_chunk_words)
+            messages = self.messages
+            if self._context is not None and self.fixed_text is None:
+                messages = self.messages = await self._context()
+            while True:
+                before = len(tokens)
+                calls = await generate(messages, chunker)
+                if not calls:
+                    break
+                for piece in chunker.flush():  # what it said before the calls is heard while they run
+                    await emit(piece)
+                if self.tools is None or not self.tools.may_run():
+                    if self.tools is not None:
+                        self.tools.refuse(calls)
+                    break
+                await self.gate.wait()  # never speculative: a guess that is cancelled runs no tool
+                results = await self.tools.run(calls, lambda: self._said_words, emit)
+                messages = [*messages, assistant_calls("".join(tokens[before:]).strip(), calls), *results]
+                if tokens and not tokens[-1].endswith(" "):
+                    tokens.append(" ")  # the next round's words are a new sentence in reply_text
             for piece in chunker.flush():
                 await emit(piece)
+            if self.tools is not None and (self.tools.steps or self.tools.refused) and not self._said_words:
+                await emit(self.tools.policy.no_answer)  # the user hears an answer, never silence
             tr.instant(Stage.LLM, Ev.DONE, turn=rec.index)
             if not waterfall:
                 await text_q.put(None)
@@ -542,7 +609,8 @@ class Reply:
         await self.gate.wait()  # a speculative reply with no audio still waits to be committed
         rec.reply_text = "".join(tokens).strip()
         await self.playout.wait_played()
-        self.spoken = self.playout.sent_text() if rec.tts_skipped else rec.reply_text  # a skipped chunk was not heard
+        # a skipped chunk was not heard; a filler was, though the LLM did not write it
+        self.spoken = self.playout.sent_text() if rec.tts_skipped or self.ran_tools else rec.reply_text
         rec.heard_text = self.spoken
         tr.instant(Stage.TURN, Ev.TURN_END, turn=rec.index)
         await self.hooks.reply_finished(self)

@@ -97,6 +97,7 @@ class Stage:
     CLIENT = "client"
     SPECULATION = "speculation"
     MEMORY = "memory"
+    TOOL = "tool"
 
 
 #: Canonical stage names, in track order.
@@ -111,6 +112,7 @@ STAGES: tuple[str, ...] = (
     Stage.CLIENT,
     Stage.SPECULATION,
     Stage.MEMORY,
+    Stage.TOOL,
 )
 
 
@@ -139,6 +141,7 @@ class Ev:
     INTERRUPTED = "interrupted"  # why: CUT_BY_WORDS, or why the session ended
     RESUME = "resume"
     GREETING = "greeting"
+    CALL_END = "call_end"  # the agent ended the call (its goodbye was heard)
     REPLY_ERROR = "reply_error"
     TURN_END = "turn_end"
     EOU_CHECK = "eou_check"
@@ -152,6 +155,11 @@ class Ev:
     FINAL_DECODE = "final_decode"
     STEP = "step"
     GAP = "gap"
+    # tool
+    TOOL_CALL = "tool_call"  # span: one tool run (name, arguments; at its end status, result)
+    FILLER = "filler"  # a filler phrase said while a tool runs (text)
+    TOOL_REFUSED = "tool_refused"  # a call past the reply's step limit, not run
+    TOOL_REUSED = "tool_reused"  # a call the reply had made already: its result is given again
     # llm
     REQUEST = "request"
     FIRST_TOKEN = "first_token"

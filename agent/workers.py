@@ -11,12 +11,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 _POOLS: dict[str, ThreadPoolExecutor] = {}
-_SIZES = {"vad": 1, "eou": 1, "llm-warm": 1}  # small models: queueing beats sharing 2 cores
+_SIZES = {"vad": 1, "eou": 1, "llm-warm": 1,  # small models: queueing beats sharing 2 cores
+          "tools": 4}
+_WAITING = {"tools"}  # sync tools mostly wait on a service: more threads than cores
 
 
 def pool(kind: str) -> ThreadPoolExecutor:
     if kind not in _POOLS:
-        size = min(_SIZES.get(kind, 1), os.cpu_count() or 1)
+        size = _SIZES.get(kind, 1)
+        if kind not in _WAITING:
+            size = min(size, os.cpu_count() or 1)
         _POOLS[kind] = ThreadPoolExecutor(size, thread_name_prefix=f"duplex-{kind}")
     return _POOLS[kind]
 

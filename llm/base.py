@@ -1,22 +1,65 @@
-"""The LLM vocabulary: chat messages and the streaming, cancellable ChatModel protocol."""
+"""The LLM vocabulary: chat messages, tool calls and the streaming, cancellable ChatModel protocol.
+
+A stream yields text deltas (`str`) and, from a model given tools, `ToolCall`s. Messages follow
+OpenAI's chat format, which every backend here speaks or translates: an assistant message may
+carry `tool_calls`, and each call's result is a `tool` message with its `tool_call_id`.
+"""
 from __future__ import annotations
 
 import ctypes
+import json
 from collections.abc import AsyncIterator
-from typing import Protocol, TypedDict
+from dataclasses import dataclass
+from typing import Any, NotRequired, Protocol, TypedDict
 
 
 class Message(TypedDict):
-    role: str  # "system" | "user" | "assistant"
+    role: str  # "system" | "user" | "assistant" | "tool"
     content: str
+    tool_calls: NotRequired[list[dict]]  # assistant: OpenAI's [{"id", "type": "function", "function": {...}}]
+    tool_call_id: NotRequired[str]  # tool: the call this is the result of
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call the model asked for: `arguments` is its JSON object, as text."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+    def args(self) -> dict[str, Any]:
+        """The arguments as a dict; ValueError when they are not a JSON object."""
+        value = json.loads(self.arguments or "{}")
+        if not isinstance(value, dict):
+            raise ValueError(f"arguments must be a JSON object, not {type(value).__name__}")
+        return value
+
+    def as_message_part(self) -> dict:
+        """The call as an assistant message's `tool_calls` entry (OpenAI's format)."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+Delta = str | ToolCall  # what a stream yields
+
+
+def assistant_calls(content: str, calls: list[ToolCall]) -> Message:
+    return {"role": "assistant", "content": content, "tool_calls": [c.as_message_part() for c in calls]}
+
+
+def tool_result(call: ToolCall, content: str) -> Message:
+    return {"role": "tool", "content": content, "tool_call_id": call.id}
 
 
 class ChatModel(Protocol):
     name: str
 
-    def stream(self, messages: list[Message], max_tokens: int | None = None) -> AsyncIterator[str]:
-        """Yield text pieces as they are generated. Stop consuming (or cancel the task) to
-        cancel generation; the model stops within one token."""
+    def stream(self, messages: list[Message], max_tokens: int | None = None,
+               tools: list[dict] | None = None) -> AsyncIterator[Delta]:
+        """Yield text pieces as they are generated, and `ToolCall`s when `tools` (OpenAI's
+        function specs) were given and the model calls one. Stop consuming (or cancel the task)
+        to cancel generation; the model stops within one token. A model that takes no `tools`
+        parameter is only ever asked without them."""
 
 
 class ReadAheadStop:

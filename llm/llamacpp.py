@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from llm.base import Message, ReadAheadStop
 from llm.bridge import iterate_in_thread
+from llm.tool_format import ToolCallText, template_messages
 
 log = logging.getLogger("duplex.llm")
 
@@ -124,39 +125,48 @@ class LlamaCppChat:
                                         seed=seed).result()
         self._lock = threading.Lock()  # one llama context: one generation at a time
 
-    def _generate(self, messages: list[Message], max_tokens: int, stop: threading.Event):
+    def _generate(self, messages: list[Message], max_tokens: int, stop: threading.Event, tools: list[dict] | None):
         with self._lock:
             if stop.is_set():
                 return
+            # the GGUF's own chat template lays out the tools and asks for its tool-call format
             chunks = self._llm.create_chat_completion(
-                messages=list(messages), max_tokens=max_tokens, temperature=self.temperature, stream=True)
+                messages=template_messages(messages), max_tokens=max_tokens, temperature=self.temperature,
+                stream=True, **({"tools": tools} if tools else {}))
+            calls = ToolCallText() if tools else None
             try:
                 for chunk in chunks:
                     if stop.is_set():
                         break
                     delta = chunk["choices"][0].get("delta", {}).get("content")
                     if delta:
-                        yield delta
+                        yield from calls.push(delta) if calls else (delta,)
+                else:
+                    if calls:
+                        yield from calls.flush()
             finally:
                 chunks.close()
 
-    def warm(self, messages: list[Message], stop: ReadAheadStop | None = None) -> None:
-        self._thread.submit(self._warm, list(messages), stop).result()
+    def warm(self, messages: list[Message], stop: ReadAheadStop | None = None, tools: list[dict] | None = None) -> None:
+        self._thread.submit(self._warm, list(messages), stop, tools).result()
 
-    def _warm(self, messages: list[Message], stop: ReadAheadStop | None) -> None:
+    def _warm(self, messages: list[Message], stop: ReadAheadStop | None, tools: list[dict] | None) -> None:
         # llama.cpp reuses the longest common prefix of its evaluated tokens with the next
         # prompt; one generated token is the cheapest way to get the prefix evaluated.
         with self._lock:
             if stop is not None and stop.is_set():
                 return
             with stoppable(self._llm, stop):
-                self._llm.create_chat_completion(messages=messages, max_tokens=1, temperature=0.0)
+                self._llm.create_chat_completion(messages=template_messages(messages), max_tokens=1, temperature=0.0,
+                                                 **({"tools": tools} if tools else {}))
 
-    def stream(self, messages: list[Message], max_tokens: int | None = None) -> AsyncIterator[str]:
+    def stream(self, messages: list[Message], max_tokens: int | None = None,
+               tools: list[dict] | None = None) -> AsyncIterator[str]:
         # Return the bridge's generator itself (not a wrapper around it), so that closing the
         # stream closes the bridge at once and the worker thread has stopped when aclose() returns.
         # On demand: a reader that stops reading for a while (the session, while the first audio
         # is synthesized) pauses the model and frees the CPU.
         n = max_tokens or self.max_tokens
-        return iterate_in_thread(lambda stop: self._generate(messages, n, stop), maxsize=2, on_demand=True,
+        return iterate_in_thread(lambda stop: self._generate(messages, n, stop, tools), maxsize=2, on_demand=True,
                                  executor=self._thread)
+

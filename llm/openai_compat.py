@@ -22,7 +22,8 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 
-from llm.base import Message
+from llm.base import Message, ToolCall
+from llm.tool_format import ToolCallText, new_call_id
 
 
 class LLMError(RuntimeError):
@@ -56,24 +57,62 @@ class OpenAICompatChat:
             self.name = f"{self.model} @ {self.base_url}"
         return self.model
 
-    async def stream(self, messages: list[Message], max_tokens: int | None = None) -> AsyncIterator[str]:
+    async def stream(self, messages: list[Message], max_tokens: int | None = None,
+                     tools: list[dict] | None = None) -> AsyncIterator[str | ToolCall]:
         import openai
 
+        limit = max_tokens or self.max_tokens
         try:
             response = await self._client.chat.completions.create(
                 model=await self._model_name(), messages=list(messages), stream=True,
-                max_tokens=max_tokens or self.max_tokens, temperature=self.temperature)
+                max_tokens=limit, temperature=self.temperature, **({"tools": tools} if tools else {}))
         except openai.APIConnectionError as e:
             raise LLMError(f"cannot reach the LLM server at {self.base_url}: {e}") from e
         except openai.APIStatusError as e:
             raise LLMError(f"the LLM server at {self.base_url} answered HTTP {e.status_code}: {e.message[:500]}") from e
         pieces = 0
+        calls = StreamedToolCalls()
+        # a server that passes a template's tool-call tags through as text (no tool parser of its own)
+        tagged = ToolCallText() if tools else None
         try:
             async for chunk in response:
-                if chunk.choices and (text := chunk.choices[0].delta.content):
+                if not chunk.choices:
+                    continue
+                delta = chunk.choices[0].delta
+                calls.push(delta.tool_calls)
+                if text := delta.content:
                     pieces += 1
-                    yield text
+                    for out in tagged.push(text) if tagged else (text,):
+                        yield out
+                    if pieces > limit:  # a server that ignores max_tokens is not read for ever
+                        break
+            for out in tagged.flush() if tagged else ():
+                yield out
+            for call in calls.done():
+                yield call
         except openai.APIError as e:
             raise LLMError(f"the LLM stream from {self.base_url} broke off after {pieces} pieces: {e}") from e
         finally:
             await response.close()  # also when cancelled: the connection is not kept
+
+
+class StreamedToolCalls:
+    """OpenAI's streamed `tool_calls` deltas put together: each call arrives in pieces keyed by
+    its index (its id and name first, its JSON arguments in fragments after)."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, dict] = {}
+
+    def push(self, deltas) -> None:
+        for d in deltas or ():
+            index = getattr(d, "index", None) or 0
+            call = self._calls.setdefault(index, {"id": None, "name": "", "arguments": ""})
+            if getattr(d, "id", None):
+                call["id"] = d.id
+            if (fn := getattr(d, "function", None)) is not None:
+                call["name"] += fn.name or ""
+                call["arguments"] += fn.arguments or ""
+
+    def done(self) -> list[ToolCall]:
+        return [ToolCall(c["id"] or new_call_id(), c["name"], c["arguments"] or "{}")
+                for _, c in sorted(self._calls.items())]

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from llm.base import Message, ReadAheadStop
 from llm.bridge import iterate_in_thread
+from llm.tool_format import ToolCallText, template_messages
 
 PREFIX = "hf:"
 
@@ -78,11 +79,13 @@ class TransformersChat:
         self._kept_ids = self._kept_ids[:keep]  # the ids and the cache always say the same tokens
         return self._kept, prompt[keep:]
 
-    def _tokens(self, messages: list[Message], max_tokens: int, stop: threading.Event) -> Iterator[int]:
+    def _tokens(self, messages: list[Message], max_tokens: int, stop: threading.Event,
+                tools: list[dict] | None = None) -> Iterator[int]:
         import torch
 
-        prompt = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
-                                                    return_tensors="pt", return_dict=True)["input_ids"][0].tolist()
+        prompt = self.tokenizer.apply_chat_template(template_messages(messages), add_generation_prompt=True,
+                                                    return_tensors="pt", return_dict=True,
+                                                    **({"tools": tools} if tools else {}))["input_ids"][0].tolist()
         cache, feed = self._reuse(prompt)
         fed = prompt[:len(prompt) - len(feed)]
         self.last_prefill_tokens = len(feed)
@@ -107,20 +110,24 @@ class TransformersChat:
                 yield token
                 feed = [token]
 
-    def _generate(self, messages: list[Message], max_tokens: int, stop: threading.Event) -> Iterator[str]:
+    def _generate(self, messages: list[Message], max_tokens: int, stop: threading.Event,
+                  tools: list[dict] | None = None) -> Iterator:
         with self._lock:
             if stop.is_set():
                 return
             tokens: list[int] = []
             said = ""
-            for token in self._tokens(messages, max_tokens, stop):
+            calls = ToolCallText() if tools else None  # the chat template's tool-call tags
+            for token in self._tokens(messages, max_tokens, stop, tools):
                 tokens.append(token)
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
                 if text.endswith("\ufffd"):
                     continue  # inside a multi-byte character: wait for the rest of it
                 if len(text) > len(said):
                     piece, said = text[len(said):], text
-                    yield piece
+                    yield from calls.push(piece) if calls else (piece,)
+            if calls and not stop.is_set():
+                yield from calls.flush()
 
     def warm(self, messages: list[Message], stop: ReadAheadStop | None = None) -> None:
         """Evaluate the prompt for `messages` now (blocking), so that a request that starts with
@@ -136,7 +143,8 @@ class TransformersChat:
             for _ in self._tokens(messages, 1, threading.Event()):
                 pass
 
-    def stream(self, messages: list[Message], max_tokens: int | None = None) -> AsyncIterator[str]:
+    def stream(self, messages: list[Message], max_tokens: int | None = None,
+               tools: list[dict] | None = None) -> AsyncIterator:
         n = max_tokens or self.max_tokens
-        return iterate_in_thread(lambda stop: self._generate(messages, n, stop), maxsize=2, on_demand=True,
+        return iterate_in_thread(lambda stop: self._generate(messages, n, stop, tools), maxsize=2, on_demand=True,
                                  executor=self._thread)

@@ -225,3 +225,29 @@ class ToneVoice:
             t = np.arange(int(n_words * self.word_s * self.sample_rate)) / self.sample_rate
             pcm = (np.sin(2 * np.pi * 440 * t) * 8000).astype(np.int16)
             yield AudioChunk(pcm, self.sample_rate, text)
+
+
+class ToolScriptLLM:
+    """An LLM that calls tools: `script(messages, tools)` returns the items of one answer, text
+    words (str) and `llm.base.ToolCall`s, yielded one every `token_s`. Records each request
+    with the tools it was offered."""
+
+    name = "tool-script-llm"
+
+    def __init__(self, script: Callable[[list[dict], list[dict] | None], list], token_s: float = 0.01):
+        self.script, self.token_s = script, token_s
+        self.requests: list[list[dict]] = []
+        self.offered: list[list[dict] | None] = []
+
+    async def stream(self, messages, max_tokens=None, tools=None) -> AsyncIterator:
+        self.requests.append([dict(m) for m in messages])
+        self.offered.append(tools)
+        for item in self.script(messages, tools):
+            await asyncio.sleep(self.token_s)
+            yield item
+
+
+def said(text: str) -> list[str]:
+    """`text` as a model streams it: its first word, then each next one with its space."""
+    words = text.split(" ")
+    return [w if i == 0 else " " + w for i, w in enumerate(words)]

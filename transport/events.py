@@ -90,6 +90,15 @@ class Interrupted(SessionEvent):
 
 
 @dataclass(frozen=True)
+class CallEnded(SessionEvent):
+    """The agent ended the call (`reason`: "agent", its end_call tool or action); the far end
+    hangs up, and the connection closes after this."""
+
+    type: ClassVar[str] = "call_ended"
+    reason: str = "agent"
+
+
+@dataclass(frozen=True)
 class SessionError(SessionEvent):
     """Something the user should know went wrong; `fatal`: the conversation cannot go on."""
 

@@ -103,6 +103,8 @@ class WavConversationTransport:
             if item.played >= item.pcm.size:
                 self._queued.popleft()
                 self._events.append(Played(item.chunk_id, "end"))
+                self.events_log.append({"type": "played_end", "id": item.chunk_id,
+                                        "t": self._out_len / self.output_sample_rate})
 
     # input -------------------------------------------------------------------------------
     def _frames(self):
