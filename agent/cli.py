@@ -161,11 +161,15 @@ def cmd_serve(args) -> int:
                          drain_timeout_s=args.drain_timeout, trace_dir=args.trace_dir, auth_token=args.auth_token,
                          allowed_origins=args.allowed_origin or [], certfile=args.certfile, keyfile=args.keyfile,
                          allowed_hosts=args.allowed_host or [], public_url=args.public_url,
+                         insecure_no_auth=args.insecure_no_auth,
+                         audiosocket_allow=args.audiosocket_allow or ["127.0.0.0/8", "::1/128"],
                          ice_hosts=args.ice_host or [], ice_servers=args.ice_server or [],
                          turn_secret=args.turn_secret, turn_ttl_s=args.turn_ttl,
                          listeners=dict(map(_listener, args.listener or [])))
-    try:  # a bad WebRTC setting stops the server here, before the models load
+    try:  # a bad WebRTC setting, or an open server off loopback, stops here, before the models load
         config.webrtc_options()
+        if (error := config.exposure_error()) is not None:
+            raise ValueError(error)
     except ValueError as exc:
         raise SystemExit(f"duplex serve: {exc}") from None
     models = _load(args)
@@ -311,6 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace-dir", help="write a Perfetto trace (+ JSONL log) per session here")
     p.add_argument("--audiosocket", type=int, metavar="PORT",
                    help="also take phone calls from Asterisk's AudioSocket on this TCP port (SIP through a PBX)")
+    p.add_argument("--audiosocket-allow", action="append", metavar="CIDR",
+                   help="an address or network AudioSocket calls may come from (repeatable; default "
+                        "127.0.0.0/8 and ::1: an Asterisk on this machine). AudioSocket has no credentials")
+    p.add_argument("--insecure-no-auth", action="store_true",
+                   help="serve off loopback (--host 0.0.0.0) with no --auth-token, every route open to "
+                        "anyone who reaches the port; without it duplex serve refuses to start so")
     p.add_argument("--listener", action="append", metavar="MODULE:FUNCTION[=ARG]",
                    help="also serve a transport of your own: FUNCTION(ARG) in MODULE returns its listener "
                         "(README, 'Adding a transport'; e.g. examples.pcm_tcp_transport:listener=9100); "

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import dataclasses
 import gc
+import ipaddress
 import itertools
 import logging
 import os
@@ -35,14 +36,15 @@ from agent.trace_export import write_trace
 from agent.workers import cancel_and_wait, run_in
 from transport.admission import Admission
 from transport.base import AudioIn, Transport
-from transport.telephony.audiosocket_server import run_audiosocket_server
+from transport.telephony.audiosocket_server import LOOPBACK, networks, run_audiosocket_server
 from transport.telephony.media_streams import DIALECTS, MediaStreamCall
 from transport.telephony.media_streams_ws import MediaStreamTransport
+from transport.telephony.signatures import PHONE_ROUTES, carrier_guards
 from transport.telephony.vonage import VonageCall
 from transport.web.access import BrowserAccess
 from transport.web.server import Guard, run_server
-from transport.webrtc.ice_servers import DEFAULT_TTL_S, IceServers
-from transport.webrtc.signalling import WebRTCOffers, WebRTCOptions, config_routes, offer_routes
+from transport.webrtc.ice_servers import CONFIG_PATH, DEFAULT_TTL_S, IceServers
+from transport.webrtc.signalling import OFFER_PATH, WebRTCOffers, WebRTCOptions, config_routes, offer_routes
 from tts.base import AudioChunk, known_text
 
 log = logging.getLogger("duplex.serve")
@@ -69,6 +71,9 @@ class ServeConfig:
     # host names (Host header) served besides loopback ones, IP literals and `host`: DNS rebinding
     allowed_hosts: list[str] = field(default_factory=list)
     public_url: str | None = None  # the wss:// URL carriers were given: its host is served too
+    # serve off loopback without --auth-token: every route open to whoever reaches the port
+    insecure_no_auth: bool = False
+    audiosocket_allow: list[str] = field(default_factory=lambda: list(LOOPBACK))  # source networks
     guards: dict[str, Guard] = field(default_factory=dict)  # phone routes: the carriers' signatures
     certfile: str | None = None
     keyfile: str | None = None
@@ -83,6 +88,20 @@ class ServeConfig:
         return WebRTCOptions(tuple(self.ice_hosts),
                              IceServers(tuple(self.ice_servers), self.turn_secret, self.turn_ttl_s))
 
+    def exposure_error(self) -> str | None:
+        """Why this configuration must not start: listening beyond loopback with no token and
+        no explicit opt-out. ValueError for a bad --audiosocket-allow."""
+        networks(self.audiosocket_allow)
+        if is_loopback(self.host) or self.auth_token or self.insecure_no_auth:
+            return None
+        return (f"refusing to listen on {self.host or 'every address'} without --auth-token: anyone who "
+                "reaches the port could hold conversations. Set --auth-token (or $DUPLEX_AUTH_TOKEN), or "
+                "pass --insecure-no-auth to serve openly anyway")
+
+    def phone_guards(self) -> dict[str, Guard]:
+        """The carriers' signatures given, and the token on every phone route without one."""
+        return {**carrier_guards(auth_token=self.auth_token), **self.guards}
+
     def served_hosts(self) -> list[str]:
         public = urlsplit(self.public_url).hostname if self.public_url else None
         return [h for h in (self.host, *self.allowed_hosts, public) if h]
@@ -93,6 +112,34 @@ class ServeConfig:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.load_cert_chain(self.certfile, self.keyfile)
         return ctx
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `--host` listens on this machine only ('' and 0.0.0.0 are every address)."""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def route_guards(cfg: ServeConfig, guards: dict[str, Guard]) -> list[tuple[str, bool]]:
+    """What guards each route, for the start-up log: (line, open to anyone who reaches it)."""
+    token = "token + Origin" if cfg.auth_token else "Origin only, NO TOKEN (any non-browser client may open it)"
+    lines = [(f"/ws, {OFFER_PATH}, {CONFIG_PATH}: {token}", not cfg.auth_token),
+             (f"hosts served: IP addresses, loopback names, {', '.join(cfg.served_hosts()) or '-'}", False)]
+    names = {"TwilioSignature": "Twilio's signature", "PlivoSignature": "Plivo's signature",
+             "VonageSignature": "Vonage's signed JWT", "TokenRequired": "token"}
+    for route in PHONE_ROUTES:
+        guard = guards.get(route)
+        what = names.get(type(guard).__name__, "a guard of your own") if guard is not None else "OPEN"
+        lines.append((f"{route}: {what}; browser pages refused", guard is None))
+    if cfg.audiosocket_port is not None:
+        lines.append((f"AudioSocket :{cfg.audiosocket_port}: sources {', '.join(cfg.audiosocket_allow)}, "
+                      "no credentials", False))
+    lines.append(("/healthz, /readyz, /metrics: public", False))
+    return lines
 
 
 def _kind(transport: Transport) -> str:
@@ -158,6 +205,14 @@ class Server:
     async def run(self) -> None:
         """Serve until drained."""
         cfg = self.config
+        if (error := cfg.exposure_error()) is not None:
+            raise ValueError(error)
+        if cfg.insecure_no_auth and not cfg.auth_token and not is_loopback(cfg.host):
+            log.warning("--insecure-no-auth: serving on %s with NO TOKEN; anyone who reaches the port may "
+                        "hold conversations", cfg.host or "every address")
+        guards = cfg.phone_guards()
+        for line, is_open in route_guards(cfg, guards):
+            log.log(logging.WARNING if is_open else logging.INFO, "guard: %s", line)
         # the models and imports live as long as the process: out of every collection, so that
         # collecting a conversation's cycles (release_cycles) holds the event loop well under a
         # millisecond, not ~36 ms (the default models loaded, on this 2-core machine)
@@ -171,13 +226,14 @@ class Server:
                      self._conversation, cfg.host, cfg.port, self.models.tts.sample_rate, web_ready,
                      admission=self.admission, routes=routes, http_routes={"/metrics": self.metrics.exposition},
                      access=BrowserAccess.of(cfg.auth_token, cfg.allowed_origins, cfg.served_hosts()),
-                     guards=cfg.guards,
+                     guards=guards,
                      busy=self._busy, ssl=cfg.ssl_context(), post_routes=offer_routes(offers),
                      guarded_routes=config_routes(offers)), name="web"),
                  asyncio.create_task(self.monitor.run(on_lag=self.metrics.loop_lag.observe), name="load")]
         if cfg.audiosocket_port is not None:
             tasks.append(asyncio.create_task(run_audiosocket_server(
-                self._conversation, cfg.host, cfg.audiosocket_port, admission=self.admission, busy=self._busy),
+                self._conversation, cfg.host, cfg.audiosocket_port, admission=self.admission, busy=self._busy,
+                allow=cfg.audiosocket_allow),
                 name="audiosocket"))
         tasks += [asyncio.create_task(listen(self._conversation, self.admission), name=name)
                   for name, listen in cfg.listeners.items()]

@@ -185,7 +185,12 @@ async def test_a_token_is_required_when_set():
         assert await refused_status(s.url("/ws?token=s3cret")) is None
         assert await refused_status(s.url("/ws"), additional_headers={"Authorization": "Bearer s3cret"}) is None
         assert (await get(s.port, "/healthz"))[0] == 200  # probes need no token
-        async with connect(s.url("/twilio")):  # phone routes: their carriers' signatures are checked elsewhere
+        # phone routes without a carrier's secret take the token too (signatures: test_carrier_signatures.py)
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(s.url("/twilio")):
+                pass
+        assert refused.value.response.status_code == 401
+        async with connect(s.url("/twilio?token=s3cret")):
             pass
 
 

@@ -4,14 +4,19 @@ A reader task turns frames into input events and a pacer task sends reply audio 
 20 ms a frame; both feed one bounded queue that `receive` reads, so a session that stops reading
 stops the socket being read (TCP pushes back on Asterisk). The conversation handler is injected:
 this module knows nothing of the agent.
+
+AudioSocket carries no credentials, so the only guard is where a call comes from: a source
+allowlist of networks (default: loopback, an Asterisk on the same machine), checked before
+anything is read or admitted.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from transport.admission import Admission
 from transport.audio import Int16RateAdapter
@@ -25,6 +30,30 @@ from transport.wire import BadInput
 log = logging.getLogger("duplex.audiosocket")
 READ_BYTES = 4096
 _END = object()
+LOOPBACK = ("127.0.0.0/8", "::1/128")
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def networks(cidrs: Sequence[str]) -> list[Network]:
+    """`--audiosocket-allow` values as networks; ValueError names a bad one."""
+    out = []
+    for cidr in cidrs:
+        try:
+            out.append(ipaddress.ip_network(cidr.strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"--audiosocket-allow needs an address or CIDR network, got {cidr!r}") from None
+    return out
+
+
+def source_allowed(peer: str | None, allowed: Sequence[Network]) -> bool:
+    """Whether a connection from address `peer` may place a call (IPv4-mapped IPv6 as IPv4)."""
+    try:
+        ip = ipaddress.ip_address((peer or "").split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return any(ip.version == n.version and ip in n for n in allowed)
 
 
 class AudioSocketTransport:
@@ -129,11 +158,14 @@ Handler = Callable[[AudioSocketTransport], Awaitable[None]]
 
 
 async def run_audiosocket_server(handler: Handler, host: str, port: int, ready: asyncio.Event | None = None,
-                                 admission: Admission | None = None, busy: Handler | None = None) -> None:
+                                 admission: Admission | None = None, busy: Handler | None = None,
+                                 allow: Sequence[str] = LOOPBACK) -> None:
     """Serve AudioSocket calls until cancelled; `handler(transport)` runs one conversation each.
     Calls that `admission` refuses (default: beyond 16 at once) hear `busy(transport)` (when
-    given) and are hung up."""
+    given) and are hung up. `allow`: the networks calls may come from (default loopback); a
+    connection from anywhere else is closed at once, unread."""
     admission = admission or Admission()
+    allowed = networks(allow)
 
     async def call(transport: AudioSocketTransport) -> None:
         if (reason := admission.enter()) is not None:
@@ -147,6 +179,11 @@ async def run_audiosocket_server(handler: Handler, host: str, port: int, ready: 
             admission.leave()
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = (writer.get_extra_info("peername") or (None,))[0]
+        if not source_allowed(peer, allowed):
+            log.warning("audiosocket: refused a connection from %s (not in --audiosocket-allow)", peer)
+            writer.transport.abort()
+            return
         transport = AudioSocketTransport(reader, writer)
         try:
             await call(transport)
