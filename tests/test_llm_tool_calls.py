@@ -161,3 +161,19 @@ async def test_without_tools_a_stream_is_text_as_before(chunks):
     finally:
         server.close()
     assert items == ["One moment. "] and "tools" not in seen[0]
+
+
+def test_a_call_written_without_its_tags_is_a_call_and_other_braces_are_text():
+    # Qwen2.5-Coder-0.5B through its own template writes the JSON alone
+    items = feed(['{"', 'name', '": "get', '_weather", "arguments": {"city": "Pa', 'ris"}}'])
+    (call,) = items
+    assert call.name == "get_weather" and call.args() == {"city": "Paris"}
+    items = feed(["Sure.\n", '{"name": "get_time", "arguments": {"city": "Rome"}}'])
+    assert text_of(items) == "Sure.\n" and [c.name for c in items if isinstance(c, ToolCall)] == ["get_time"]
+    assert text_of(feed(['{"a": "}"} is ', "a set"])) == '{"a": "}"} is a set'
+    assert text_of(feed(["Use {braces} here."])) == "Use {braces} here."
+
+
+def test_a_call_cut_off_mid_object_is_a_malformed_call_not_speech():
+    (bad,) = feed(['{"name": "joke", "arguments": {"message": "Why did'])
+    assert isinstance(bad, ToolCall) and bad.name == ""

@@ -77,6 +77,7 @@ class WebRTCOptions:
     ice_hosts: tuple[str, ...] = ()  # gather only these host addresses (empty: aioice's choice)
     ice_servers: IceServers = field(default_factory=IceServers)  # STUN/TURN, checked when made
     negotiate_timeout_s: float = 8.0  # under websockets' 10 s for the whole request
+    close_timeout_s: float = 5.0  # closing a peer connection no conversation took
     transport: dict = field(default_factory=dict)  # WebRTCTransport's limits
 
     def __post_init__(self):
@@ -93,6 +94,7 @@ class WebRTCOffers:
         self.options = options or WebRTCOptions()
         self.clock = clock  # unix time: TURN credentials expire by it
         self.conversations: set[asyncio.Task] = set()
+        self._closing: set[asyncio.Task] = set()  # peer connections of failed offers, being closed
 
     def config(self, request: Request) -> tuple[int, dict[str, str], bytes]:
         """GET /webrtc/config (behind the same token and Origin checks as the offer)."""
@@ -105,29 +107,52 @@ class WebRTCOffers:
             return _json(exc.status, {"error": str(exc)})
         if (reason := self.admission.enter()) is not None:
             return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"not now: {reason}"})
-        # TURN credentials of its own, fresh for each offer (the page's came from /webrtc/config)
-        pc = RTCPeerConnection(configuration(self.options.ice_servers.at(self.clock())))
-        transport = WebRTCTransport(pc, **self.options.transport)
+        # from here the slot and the peer connection are ours until a conversation takes them:
+        # released on every other way out, cancellation (a BaseException) included
+        pc: RTCPeerConnection | None = None
+        transport: WebRTCTransport | None = None
+        why, owned = "cancelled", False
         try:
-            async with asyncio.timeout(self.options.negotiate_timeout_s):
+            # TURN credentials of its own, fresh for each offer (the page's came from /webrtc/config)
+            pc = RTCPeerConnection(configuration(self.options.ice_servers.at(self.clock())))
+            transport = WebRTCTransport(pc, **self.options.transport)
+            async with asyncio.timeout(self.options.negotiate_timeout_s):  # a deadline of its own
                 with host_addresses(self.options.ice_hosts):
                     await pc.setRemoteDescription(offer)
                     use_low_latency_audio(pc)  # the mic's frames go to the VAD as they come
                     pc.addTrack(transport.track)
                     await pc.setLocalDescription(await pc.createAnswer())
+            local = pc.localDescription
+            task = asyncio.create_task(self._run(transport), name="webrtc-conversation")
+            self.conversations.add(task)
+            task.add_done_callback(self.conversations.discard)
+            owned = True  # the conversation releases them when it ends
+            return _json(HTTPStatus.OK, {"sdp": local.sdp, "type": local.type})
+        except TimeoutError:
+            why = f"negotiation took over {self.options.negotiate_timeout_s:g} s"
+            return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "negotiation timed out"})
         except Exception as exc:  # noqa: BLE001 - a bad offer (aiortc raises many kinds): 400, no session
-            await transport.close()
-            self.admission.leave()
-            if isinstance(exc, TimeoutError):
-                log.warning("webrtc offer: negotiation timed out")
-                return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "negotiation timed out"})
-            log.info("webrtc offer refused: %s", exc)
+            why = f"cannot answer: {str(exc)[:200] or type(exc).__name__}"
             return _json(HTTPStatus.BAD_REQUEST, {"error": f"cannot answer this offer: {str(exc)[:200]}"})
-        task = asyncio.create_task(self._run(transport), name="webrtc-conversation")
-        self.conversations.add(task)
-        task.add_done_callback(self.conversations.discard)
-        local = pc.localDescription
-        return _json(HTTPStatus.OK, {"sdp": local.sdp, "type": local.type})
+        finally:
+            if not owned:
+                self.admission.leave()  # at once, before anything else can be interrupted
+                log.warning("webrtc offer: slot released, peer connection closed: %s", why)
+                if pc is not None:
+                    await self._close_unowned(pc, transport)
+
+    async def _close_unowned(self, pc: RTCPeerConnection, transport: WebRTCTransport | None) -> None:
+        """Close a peer connection no conversation took, within a bound, even if the request
+        that made it is being cancelled (the close goes on in a task of its own)."""
+        async def close() -> None:
+            async with asyncio.timeout(self.options.close_timeout_s):
+                await (transport.close() if transport is not None else pc.close())
+
+        closing = asyncio.create_task(close(), name="webrtc-close-unowned")
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+        closing.add_done_callback(_log_close_failure)
+        await asyncio.shield(closing)
 
     async def _run(self, transport: WebRTCTransport) -> None:
         try:
@@ -143,7 +168,12 @@ class WebRTCOffers:
     async def close(self) -> None:
         for task in list(self.conversations):
             task.cancel()
-        await asyncio.gather(*self.conversations, return_exceptions=True)
+        await asyncio.gather(*self.conversations, *self._closing, return_exceptions=True)
+
+
+def _log_close_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("webrtc offer: closing an unanswered peer connection failed: %r", exc)
 
 
 def offer_routes(offers: WebRTCOffers) -> dict[str, Callable]:
