@@ -144,7 +144,9 @@ def cmd_serve(args) -> int:
     import signal
 
     from agent.load import LoadPolicy
+    from agent.holding import HoldingPolicy
     from agent.serving import ServeConfig, Server, steady_malloc
+    from transport.limits import SourcePolicy
     from transport.telephony.signatures import carrier_guards, unguarded_routes
 
     steady_malloc()
@@ -162,6 +164,8 @@ def cmd_serve(args) -> int:
                          allowed_origins=args.allowed_origin or [], certfile=args.certfile, keyfile=args.keyfile,
                          allowed_hosts=args.allowed_host or [], public_url=args.public_url,
                          insecure_no_auth=args.insecure_no_auth,
+                         holding=HoldingPolicy(idle_s=args.idle_timeout, max_call_s=args.max_call),
+                         sources=SourcePolicy(max_live=args.max_per_source, per_minute=args.connect_rate),
                          audiosocket_allow=args.audiosocket_allow or ["127.0.0.0/8", "::1/128"],
                          ice_hosts=args.ice_host or [], ice_servers=args.ice_server or [],
                          turn_secret=args.turn_secret, turn_ttl_s=args.turn_ttl,
@@ -336,6 +340,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT: stop admitting, let live conversations end for up to this many "
                         "seconds (default 30), then say goodbye to the rest and exit 0")
+    p.add_argument("--idle-timeout", type=float, default=60.0, metavar="S",
+                   help="end a conversation in which no one has spoken and no reply has played for this "
+                        "long (default 60; 0: never): a page is told why, a phone hears a goodbye")
+    p.add_argument("--max-call", type=float, default=3600.0, metavar="S",
+                   help="end any conversation after this long, with a goodbye (default 3600; 0: no limit)")
+    p.add_argument("--max-per-source", type=int, default=8, metavar="N",
+                   help="conversations at once from one address on /ws, WebRTC and unguarded phone routes "
+                        "(default 8; 0: no limit). Loopback is exempt: behind a proxy every caller is it")
+    p.add_argument("--connect-rate", type=float, default=60.0, metavar="PER_MINUTE",
+                   help="new conversations a minute from one address on those routes, bursts of 20 "
+                        "allowed (default 60; 0: no limit); beyond it HTTP 429")
     p.add_argument("--twilio-auth-token", default=os.environ.get("TWILIO_AUTH_TOKEN") or None,
                    help="check Twilio's X-Twilio-Signature on /twilio with this account auth token "
                         "(default: $TWILIO_AUTH_TOKEN)")

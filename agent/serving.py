@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from agent.config import Models, SessionConfig
+from agent.holding import HeldTransport, Holding, HoldingPolicy
 from agent.load import LoadMonitor, LoadPolicy, QueuedLLM
 from agent.metrics import ServerMetrics
 from agent.profiling import run_traced
@@ -36,6 +37,7 @@ from agent.trace_export import write_trace
 from agent.workers import cancel_and_wait, run_in
 from transport.admission import Admission
 from transport.base import AudioIn, Transport
+from transport.limits import SourceLimits, SourcePolicy
 from transport.telephony.audiosocket_server import LOOPBACK, networks, run_audiosocket_server
 from transport.telephony.media_streams import DIALECTS, MediaStreamCall
 from transport.telephony.media_streams_ws import MediaStreamTransport
@@ -74,6 +76,8 @@ class ServeConfig:
     # serve off loopback without --auth-token: every route open to whoever reaches the port
     insecure_no_auth: bool = False
     audiosocket_allow: list[str] = field(default_factory=lambda: list(LOOPBACK))  # source networks
+    holding: HoldingPolicy = field(default_factory=HoldingPolicy)  # idle timeout, longest call
+    sources: SourcePolicy = field(default_factory=SourcePolicy)  # per-address limits
     guards: dict[str, Guard] = field(default_factory=dict)  # phone routes: the carriers' signatures
     certfile: str | None = None
     keyfile: str | None = None
@@ -160,6 +164,7 @@ class Server:
         self.admission = Admission(self.config.max_sessions, on_refused=self.metrics.refused,
                                    load=self.monitor if self.monitor.policy.enabled else None)
         self.sessions: dict[str, tuple[Session, asyncio.Task]] = {}
+        self.limits = SourceLimits(self.config.sources)
         self._ids = itertools.count()
         self._drain = asyncio.Event()
         self._hurry = asyncio.Event()  # a second signal: do not wait for conversations to end
@@ -179,15 +184,34 @@ class Server:
         sid = f"{_kind(transport)}{next(self._ids)}"
         tracer = Tracer(sid, capacity=1 << 17) if self.config.trace_dir else None
         async with self.metrics.conversation(sid, transport) as watched:
-            session = Session(self.models, watched, self.session_config, tracer=tracer, session_id=sid)
+            holding = Holding(self.config.holding, time.monotonic())
+            far_end = HeldTransport(watched, holding)
+            session = Session(self.models, far_end, self.session_config, tracer=tracer, session_id=sid)
             self.sessions[sid] = (session, asyncio.current_task())
+            watchdog = asyncio.create_task(self._hold(sid, session, holding, asyncio.current_task()),
+                                           name=f"{sid}-limits")
             try:
                 await run_traced(session, tracer)
             finally:
+                await cancel_and_wait(watchdog)
                 del self.sessions[sid]
                 if tracer is not None:
                     path = os.path.join(self.config.trace_dir, f"{sid}.trace.json")
                     await run_in("io", write_trace, tracer, path)
+
+    async def _hold(self, sid: str, session: Session, holding: Holding, conversation: asyncio.Task) -> None:
+        """End the conversation once it has been idle too long or has lasted too long: the page is
+        told why, a phone hears a goodbye; if that cannot be said within 10 s, it is cut."""
+        while (wait := holding.due(time.monotonic())) is not None:
+            if (expired := holding.expired(time.monotonic())) is not None:
+                log.warning("%s: ending the conversation: %s", sid, expired.message)
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(10.0):
+                        await session.hang_up(expired.code, expired.message, expired.spoken)
+                await asyncio.sleep(5.0)  # run() returns once hang_up is done, and cancels this
+                conversation.cancel()
+                return
+            await asyncio.sleep(min(wait, 1.0) + 0.01)
 
     async def _busy(self, transport: Transport) -> None:
         """A phone call that is not admitted hears why, then is closed by its route."""
@@ -228,7 +252,7 @@ class Server:
                      access=BrowserAccess.of(cfg.auth_token, cfg.allowed_origins, cfg.served_hosts()),
                      guards=guards,
                      busy=self._busy, ssl=cfg.ssl_context(), post_routes=offer_routes(offers),
-                     guarded_routes=config_routes(offers)), name="web"),
+                     guarded_routes=config_routes(offers), limits=self.limits), name="web"),
                  asyncio.create_task(self.monitor.run(on_lag=self.metrics.loop_lag.observe), name="load")]
         if cfg.audiosocket_port is not None:
             tasks.append(asyncio.create_task(run_audiosocket_server(

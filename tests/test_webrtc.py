@@ -40,9 +40,16 @@ def base(s) -> str:
     return f"http://127.0.0.1:{s.port}"
 
 
+def innermost(transport):
+    """The transport under the server's pass-through wrappers (metrics, errors, holding limits)."""
+    while (inner := getattr(transport, "inner", None)) is not None:
+        transport = inner
+    return transport
+
+
 def server_transports(s) -> list[WebRTCTransport]:
-    return [session.transport.inner for session, _ in s.server.sessions.values()
-            if isinstance(getattr(session.transport, "inner", None), WebRTCTransport)]
+    return [t for session, _ in s.server.sessions.values()
+            if isinstance(t := innermost(session.transport), WebRTCTransport)]
 
 
 def loud_s(pcm: np.ndarray, rate: int = 48000, level: float = 0.02) -> float:

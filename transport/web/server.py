@@ -19,6 +19,7 @@ from transport.admission import Admission
 from transport.audio import Int16RateAdapter
 from transport.base import AudioIn, AudioOut, ClientEvent, InputEvent, Played, Transport
 from transport.events import SessionEvent
+from transport.limits import SourceLimits, source_of
 from transport.websocket_io import abnormal_close, recv_or_none, send_all
 from transport.web.access import BrowserAccess
 from transport.web.request_body import BodyConnection
@@ -158,7 +159,8 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
                      access: BrowserAccess | None = None, guards: dict[str, Guard] | None = None,
                      busy: Handler | None = None, ssl: SSLContext | None = None,
                      post_routes: dict[str, PostRoute] | None = None,
-                     guarded_routes: dict[str, GuardedRoute] | None = None) -> None:
+                     guarded_routes: dict[str, GuardedRoute] | None = None,
+                     limits: SourceLimits | None = None) -> None:
     """Serve until cancelled. `handler(transport)` runs one conversation per WebSocket: the
     browser's at /ws, and one more transport per path in `routes` (a phone media stream, say).
     `admission` (default: 16 at once) refuses conversations beyond it with 503 before the
@@ -167,7 +169,9 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
     call why (it is let in to hear it) before it is closed. `ssl`: serve HTTPS and WSS.
     `post_routes`: POST paths with a bounded body (transport/web/request_body.py), e.g. the
     WebRTC offer, behind the same `access` and `admission` as /ws. `guarded_routes`: GET paths
-    behind `access` only (the page's WebRTC config: asking for it starts no conversation)."""
+    behind `access` only (the page's WebRTC config: asking for it starts no conversation).
+    `limits`: per-address limits (default: transport/limits.py's) on the browser's routes and on
+    phone routes without a guard; a carrier's authenticated calls share its few addresses."""
     admission = admission or Admission()
     access = access or BrowserAccess()
     guards = {"/ws": access.refusal, **(guards or {})}
@@ -176,6 +180,16 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
     http_routes = http_routes or {}
     post_routes = post_routes or {}
     guarded_routes = guarded_routes or {}
+    limits = limits or SourceLimits()
+    limited = {"/ws", *post_routes, *guarded_routes, *(p for p in factories if p not in guards)}
+
+    def over_limit(connection: BodyConnection, request: Request, path: str) -> Response | None:
+        if path not in limited or (reason := limits.refusal(source_of(connection.remote_address))) is None:
+            return None
+        log.warning("refused %s %s from %s: %s", request.method[:16], path, connection.remote_address, reason)
+        response = _text(HTTPStatus.TOO_MANY_REQUESTS, reason + "\n")
+        response.headers["Retry-After"] = "60"
+        return response
 
     async def process_post(connection: BodyConnection, request: Request, path: str) -> Response:
         if path not in post_routes or request.method != "POST":
@@ -198,6 +212,8 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
             log.warning("refused %s %s from %s: %s", request.method[:16], path[:100], connection.remote_address,
                         refusal[1].strip())
             return _refused(refusal)
+        if (too_many := over_limit(connection, request, path)) is not None:
+            return too_many
         if request.method != "GET":
             return await process_post(connection, request, path)
         if path in post_routes:
@@ -231,20 +247,27 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
 
     async def on_ws(ws: ServerConnection) -> None:
         path = _path(ws.request)
-        if (reason := admission.enter()) is not None:  # handshakes passed at once, or a phone call
-            log.info("refused a conversation at %s: %s", path, reason)
-            if busy is not None and path != "/ws":
-                await busy(factories[path](ws))
-            await ws.close(1013, f"try again later: {reason}"[:120])
+        source = source_of(ws.remote_address) if path in limited else None
+        if not limits.enter(source):  # handshakes from one address passed its check at once
+            await ws.close(1013, "too many conversations from your address")
             return
         try:
-            await handler(factories[path](ws))
-        except Exception:
-            log.exception("session failed")
-            if path == "/ws":  # the page shows errors; a phone peer reads none
-                await send_all(ws, error_event("internal", "the session failed; see the server log"))
+            if (reason := admission.enter()) is not None:  # handshakes passed at once, or a phone call
+                log.info("refused a conversation at %s: %s", path, reason)
+                if busy is not None and path != "/ws":
+                    await busy(factories[path](ws))
+                await ws.close(1013, f"try again later: {reason}"[:120])
+                return
+            try:
+                await handler(factories[path](ws))
+            except Exception:
+                log.exception("session failed")
+                if path == "/ws":  # the page shows errors; a phone peer reads none
+                    await send_all(ws, error_event("internal", "the session failed; see the server log"))
+            finally:
+                admission.leave()
         finally:
-            admission.leave()
+            limits.leave(source)
 
     async with serve(on_ws, host, port, process_request=process_request, max_size=1 << 20,
                      max_queue=64, ssl=ssl, create_connection=BodyConnection) as server:
