@@ -60,6 +60,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="rules: the silence that ends a turn whose transcript ends a sentence; --no-eou: the "
                         "silence that ends every turn (default 0.5 s; what pipecat calls the VAD's stop_secs)")
     p.add_argument("--no-speculation", action="store_true", help="never start replies before the turn ends")
+    p.add_argument("--agent", default=None, metavar="MODULE:ATTR",
+                   help="serve this agent.Agent (instructions, tools, greeting): a module or a file.py, "
+                        "e.g. examples/weather_agent.py:agent; its instructions replace --system-prompt")
     p.add_argument("--greeting", default=None,
                    help="say this first, as soon as the caller's or page's audio arrives (kept in the context)")
 
@@ -83,6 +86,19 @@ def _session_config(args):
         cfg.system_prompt = args.system_prompt
     cfg.greeting = args.greeting or None
     return cfg
+
+
+def _agent(args):
+    """--agent MODULE:ATTR -> the Agent there; without it, None (the default agent of the session
+    config: --system-prompt, --greeting)."""
+    if not args.agent:
+        return None
+    from agent.voice_agent import load_agent
+
+    loaded = load_agent(args.agent)
+    if args.greeting and not loaded.greeting:
+        loaded.greeting = args.greeting
+    return loaded
 
 
 def _trace_args(p: argparse.ArgumentParser) -> None:
@@ -179,7 +195,7 @@ def cmd_serve(args) -> int:
     models = _load(args)
 
     async def serve() -> None:
-        server = Server(models, _session_config(args), config, engine=_engine_of(models.asr))
+        server = Server(models, _session_config(args), config, engine=_engine_of(models.asr), agent=_agent(args))
         server.metrics.show_recognizer_pool(models.asr)  # a ws:// pool's failovers and gaps, if it is one
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):  # the first drains; a second ends at once
@@ -205,7 +221,7 @@ def cmd_run(args) -> int:
     from agent.trace import Tracer
 
     tracer = Tracer("run", capacity=1 << 18) if args.trace else None
-    session = Session(models, transport, _session_config(args), tracer=tracer, session_id="run")
+    session = Session(models, transport, _session_config(args), tracer=tracer, session_id="run", agent=_agent(args))
     try:
         with _profiling(args, args.trace):
             asyncio.run(_run_traced(session, tracer))
@@ -252,7 +268,7 @@ def cmd_talk(args) -> int:
     device = lambda d: int(d) if d is not None and d.isdigit() else d  # noqa: E731
     transport = LocalAudioTransport(device(args.input_device), device(args.output_device), duration_s=args.seconds)
     tracer = Tracer("talk", capacity=1 << 18) if args.trace else None
-    session = Session(models, transport, _session_config(args), tracer=tracer, session_id="talk")
+    session = Session(models, transport, _session_config(args), tracer=tracer, session_id="talk", agent=_agent(args))
 
     async def talk() -> None:
         await transport.start()

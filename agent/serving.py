@@ -153,7 +153,8 @@ def _kind(transport: Transport) -> str:
 
 class Server:
     def __init__(self, models: Models, session_config: SessionConfig, config: ServeConfig | None = None,
-                 monitor: LoadMonitor | None = None, engine=None):
+                 monitor: LoadMonitor | None = None, engine=None, agent=None):
+        self.agent = agent  # agent.Agent, served to every conversation (None: the default one)
         self.llm = QueuedLLM(models.llm)
         self.models, self.session_config = dataclasses.replace(models, llm=self.llm), session_config
         self.config = config or ServeConfig()
@@ -186,7 +187,8 @@ class Server:
         async with self.metrics.conversation(sid, transport) as watched:
             holding = Holding(self.config.holding, time.monotonic())
             far_end = HeldTransport(watched, holding)
-            session = Session(self.models, far_end, self.session_config, tracer=tracer, session_id=sid)
+            session = Session(self.models, far_end, self.session_config, tracer=tracer, session_id=sid,
+                              agent=self.agent)
             self.sessions[sid] = (session, asyncio.current_task())
             watchdog = asyncio.create_task(self._hold(sid, session, holding, asyncio.current_task()),
                                            name=f"{sid}-limits")
