@@ -118,12 +118,23 @@ def test_malformed_and_unknown_messages_get_errors_and_the_session_continues(ser
 
 
 def test_oversized_frame_gets_a_clear_error(server):
-    with connect(url(server)) as ws:
-        ws.send(b"\x00" * 200_000)
+    from websockets.exceptions import ConnectionClosed
+
+    from transport.web.protocol import MAX_AUDIO_BYTES
+    from transport.web.server import MAX_FRAME_BYTES
+
+    over_protocol = MAX_AUDIO_BYTES + 12_000  # over the protocol's limit, under the frame limit
+    assert over_protocol < MAX_FRAME_BYTES
+    with connect(url(server), max_size=None) as ws:
+        ws.send(b"\x00" * over_protocol)
         ev, _ = recv_until(ws, lambda e: e["type"] == "error")
-        assert ev["code"] == "frame_too_large" and "200000" in ev["message"]
+        assert ev["code"] == "frame_too_large" and str(over_protocol) in ev["message"]
         ws.send(json.dumps({"type": "ping", "t": 2}))
         recv_until(ws, lambda e: e["type"] == "pong")
+        ws.send(b"\x00" * (MAX_FRAME_BYTES + 1))  # over the frame limit: the connection is closed
+        with pytest.raises(ConnectionClosed):
+            recv_until(ws, lambda e: False, timeout=10)
+        assert ws.protocol.close_code == 1009
 
 
 def test_declared_sample_rate_is_resampled_or_rejected(server, question):

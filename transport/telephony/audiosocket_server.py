@@ -29,6 +29,7 @@ from transport.wire import BadInput
 
 log = logging.getLogger("duplex.audiosocket")
 READ_BYTES = 4096
+CLOSE_TIMEOUT_S = 2.0  # the hang-up frame's last chance to go out
 _END = object()
 LOOPBACK = ("127.0.0.0/8", "::1/128")
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -147,11 +148,14 @@ class AudioSocketTransport:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        with contextlib.suppress(ConnectionError, OSError):
-            if not self.writer.is_closing():
-                self.writer.write(encode_frame(HANGUP))
-                await self.writer.drain()
+        try:  # a peer that never reads would hold the drain for ever
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                if not self.writer.is_closing():
+                    self.writer.write(encode_frame(HANGUP))
+                    await self.writer.drain()
             self.writer.close()
+        except (ConnectionError, OSError, TimeoutError):
+            self.writer.transport.abort()
 
 
 Handler = Callable[[AudioSocketTransport], Awaitable[None]]

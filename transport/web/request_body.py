@@ -14,12 +14,16 @@ set, (status, reason), and what follows it is discarded.
 """
 from __future__ import annotations
 
+import logging
 from http import HTTPStatus
 
 from websockets.asyncio.server import ServerConnection
 
 MAX_HEAD = 16384
 MAX_BODY = 65536
+BAD_REQUEST = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 17\r\n"
+               b"Connection: close\r\n\r\nunreadable request")
+log = logging.getLogger("duplex.web")
 
 
 class BodySplitter:
@@ -72,7 +76,8 @@ class BodySplitter:
         self._head = b"\r\n".join(kept) + b"\r\n\r\n"
         if chunked:
             return self._refuse(HTTPStatus.LENGTH_REQUIRED, "send the body with a Content-Length, not chunked\n")
-        if len(set(lengths)) > 1 or (lengths and not lengths[0].isdigit()):
+        # digits only, and few of them: int() of thousands of digits raises (and would take time)
+        if len(set(lengths)) > 1 or (lengths and not (lengths[0].isdigit() and len(lengths[0]) <= 15)):
             return self._refuse(HTTPStatus.BAD_REQUEST, "a bad Content-Length header\n")
         self._length = int(lengths[0]) if lengths else 0
         if self._length > self.max_body:
@@ -102,6 +107,12 @@ class BodyConnection(ServerConnection):
         self.splitter = BodySplitter()
 
     def data_received(self, data: bytes) -> None:
-        out = self.splitter.feed(data)
+        try:
+            out = self.splitter.feed(data)
+        except Exception as exc:  # noqa: BLE001 - a request it cannot read: one log line, then 400
+            log.warning("unreadable request from %s: %s", self.remote_address, str(exc)[:200] or type(exc).__name__)
+            self.transport.write(BAD_REQUEST)
+            self.transport.close()
+            return
         if out:
             super().data_received(out)

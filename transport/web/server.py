@@ -24,10 +24,14 @@ from transport.websocket_io import abnormal_close, recv_or_none, send_all
 from transport.web.access import BrowserAccess
 from transport.web.request_body import BodyConnection
 from transport.web.protocol import (
-    ClientAudio, ProtocolError, decode_client, encode_audio, encode_event, error_event)
+    MAX_AUDIO_BYTES, ClientAudio, ProtocolError, decode_client, encode_audio, encode_event, error_event)
 
 log = logging.getLogger("duplex.web")
 STATIC = Path(__file__).parent / "static"
+# the protocol's largest frame (0.5 s of 48 kHz audio) fits with room; a frame between the
+# protocol's limit and this one gets a clear error event, a larger one closes the connection
+MAX_FRAME_BYTES = 64 * 1024
+assert MAX_FRAME_BYTES > MAX_AUDIO_BYTES
 
 
 def server_ms() -> float:
@@ -269,8 +273,10 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
         finally:
             limits.leave(source)
 
-    async with serve(on_ws, host, port, process_request=process_request, max_size=1 << 20,
-                     max_queue=64, ssl=ssl, create_connection=BodyConnection) as server:
+    # no compression: a frame's size on the wire is what it costs here (a few KB of deflated
+    # zeros would otherwise queue megabytes)
+    async with serve(on_ws, host, port, process_request=process_request, max_size=MAX_FRAME_BYTES,
+                     max_queue=64, compression=None, ssl=ssl, create_connection=BodyConnection) as server:
         bound = [s.getsockname() for s in server.sockets]
         scheme = "https" if ssl is not None else "http"
         log.info("duplex serving on %s://%s:%s/", scheme, *bound[0][:2])
