@@ -29,7 +29,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hmac
+import ipaddress
 import logging
+import os
 import signal
 import time
 from collections import deque
@@ -62,7 +65,8 @@ from asr.moshi_protocol import (
 from asr.scheduler import NoFreeSlot, Recognizer, SessionClosed
 
 PATH = "/api/asr-streaming"
-DEFAULT_API_KEYS = ("public_token",)
+DEFAULT_API_KEYS = ("public_token",)  # moshi-server's well-known key: on loopback only
+KEY_ENV = "DUPLEX_ASR_API_KEY"  # the key(s), comma-separated, kept out of argv (ps)
 # Incoming frames larger than this close the connection (1009) before we can parse them; the
 # largest valid Audio message (MAX_PCM_SAMPLES float64) is about 2.2 MB.
 MAX_FRAME_BYTES = 4 * 2**20
@@ -192,8 +196,10 @@ class AsrServer:
         if url.path != PATH:
             return connection.respond(HTTPStatus.NOT_FOUND, f"only {PATH} is served\n")
         if self.api_keys is not None:
-            key = request.headers.get("kyutai-api-key") or (parse_qs(url.query).get("auth_id") or [None])[0]
-            if key not in self.api_keys:
+            given = request.headers.get_all("kyutai-api-key") or parse_qs(url.query).get("auth_id") or []
+            if len(given) > 1:
+                return connection.respond(HTTPStatus.BAD_REQUEST, "give the key once\n")
+            if not given or not key_accepted(given[0], self.api_keys):
                 return connection.respond(HTTPStatus.UNAUTHORIZED, "missing or wrong kyutai-api-key\n")
         if self.draining:  # full is told in the protocol (moshi's Error), as moshi-server does
             self.metrics.streams.labels("refused").inc()
@@ -274,6 +280,46 @@ class AsrServer:
             yield srv.sockets[0].getsockname()[1]
 
 
+def key_accepted(given: str, keys: frozenset[str]) -> bool:
+    """Constant time per key, and every key tried: the time taken says nothing of how much of a
+    wrong key was right, nor which key matched."""
+    ok = False
+    for key in keys:
+        ok |= hmac.compare_digest(given.encode(), key.encode())
+    return ok
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def api_keys(args, environ=os.environ) -> tuple[str, ...] | None:
+    """The accepted keys: --api-key, --api-key-file (one a line) and $DUPLEX_ASR_API_KEY
+    together; None with --no-auth. With none given the well-known default is taken on loopback
+    only: SystemExit off it."""
+    if args.no_auth:
+        return None
+    keys = list(args.api_key or [])
+    for path in args.api_key_file or []:
+        try:
+            with open(path) as f:
+                keys += [line.strip() for line in f if line.strip() and not line.startswith("#")]
+        except OSError as exc:
+            raise SystemExit(f"asr-serve: --api-key-file: {exc}") from None
+    keys += [k.strip() for k in environ.get(KEY_ENV, "").split(",") if k.strip()]
+    if keys:
+        return tuple(keys)
+    if not _loopback(args.host):
+        raise SystemExit(f"asr-serve: refusing to serve on {args.host} with the well-known default key "
+                         f"{DEFAULT_API_KEYS[0]!r}: give --api-key-file FILE or ${KEY_ENV} (or --no-auth)")
+    return DEFAULT_API_KEYS
+
+
 DEFAULT_MODEL = "whisper-tiny.en"  # a newcomer who starts the server gets words, not noise
 TINY_RANDOM = "tiny-random"  # the random Kyutai engine, for plumbing and load tests only
 
@@ -334,7 +380,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="on CPU, keep oneDNN for every Mimi conv instead of timing it against torch's native "
                         "kernel, im2col-matmul and the SEANet C kernel per layer at start-up")
     p.add_argument("--api-key", action="append", default=None,
-                   help="accepted kyutai-api-key (repeatable; default: public_token)")
+                   help="accepted kyutai-api-key (repeatable; visible in ps: prefer --api-key-file or "
+                        f"${KEY_ENV}). Default: public_token, on a loopback --host only")
+    p.add_argument("--api-key-file", action="append", default=None, metavar="FILE",
+                   help="accepted keys, one a line (repeatable)")
     p.add_argument("--no-auth", action="store_true", help="accept clients without a key")
     p.add_argument("--buffer-seconds", type=float, default=10.0, help="per-stream input buffer cap")
     p.add_argument("--admission-wait", type=float, default=0.0,
@@ -348,8 +397,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def serve_forever(args) -> None:
+    keys = api_keys(args)  # before the model loads: a refusal costs nothing
     recognizer = build_recognizer(args)
-    keys = None if args.no_auth else tuple(args.api_key or DEFAULT_API_KEYS)
     server = AsrServer(recognizer, keys)
     stop, hurry = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
