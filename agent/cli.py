@@ -407,9 +407,9 @@ def main(argv: list[str] | None = None) -> int:
                         "credentials of its own for the turn: --ice-server URLs given without any, "
                         "valid for --turn-ttl. Default: $DUPLEX_TURN_SECRET (the environment keeps it "
                         "out of ps)")
-    p.add_argument("--turn-ttl", type=float, default=3600.0, metavar="SECONDS",
+    p.add_argument("--turn-ttl", type=float, default=600.0, metavar="SECONDS",
                    help="how long --turn-secret credentials may be used to open a relay (default "
-                        "3600); a call that has opened one may outlast them")
+                        "600); a call that has opened one may outlast them")
     _trace_args(p)
     _model_args(p)
     p.set_defaults(func=cmd_serve)

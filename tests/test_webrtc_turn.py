@@ -116,9 +116,11 @@ async def test_the_config_route_obeys_the_token_and_the_origin():
         assert headers["Cache-Control"] == "no-store"  # credentials that expire are never cached
         (entry,) = json.loads(text)["iceServers"]
         assert entry["urls"] == [turn]
-        expiry = int(entry["username"].split(":")[0])
+        expiry, user = entry["username"].split(":")
+        expiry = int(expiry)
         assert abs(expiry - (time.time() + 120)) < 5
-        assert (entry["username"], entry["credential"]) == rest_credentials(SECRET, expiry - 120, 120)
+        assert user.startswith("duplex-")  # a user name of its own (tests/test_security_turn.py)
+        assert (entry["username"], entry["credential"]) == rest_credentials(SECRET, expiry - 120, 120, user)
         assert s.admission.live == 0  # asking for the config starts no conversation
     async with serving(ice_hosts=LOOPBACK) as s:  # nothing configured: the page gathers host candidates
         status, body = await asyncio.to_thread(fetch_config, base(s))

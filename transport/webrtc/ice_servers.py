@@ -8,20 +8,29 @@ every answer is a function of the options and a clock reading (unix time).
 - `USER:PASSWORD@turn:HOST:PORT?transport=udp`: static TURN credentials. The page is handed
   them as they are, so whoever may open the page can read them and use the relay;
 - `turn:HOST:PORT?transport=udp` with a TURN secret: coturn's `use-auth-secret` ("TURN REST
-  API") credentials, which expire. Each /webrtc/config answer and each offer the server answers
-  gets its own: username `"<expiry unix time>:duplex"`, credential
-  base64(HMAC-SHA1(secret, username)). coturn, holding the same secret, checks both.
+  API") credentials, which expire (default after 10 minutes: they only need to last until the
+  relay is allocated). Each /webrtc/config answer and each offer the server answers gets its
+  own: username `"<expiry unix time>:duplex-<random>"` (unique, so coturn's logs and quotas can
+  tell them apart), credential base64(HMAC-SHA1(secret, username)). coturn, holding the same
+  secret, checks both. /webrtc/config is behind the same token and Origin checks as the offer,
+  and the server limits how often one address asks (transport/limits.py).
 """
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
+import secrets
 from dataclasses import dataclass
 
 CONFIG_PATH = "/webrtc/config"
-DEFAULT_TTL_S = 3600.0
+DEFAULT_TTL_S = 600.0
 REST_USER = "duplex"
+
+
+def unique_user() -> str:
+    """A user name of its own for one set of credentials."""
+    return f"{REST_USER}-{secrets.token_hex(8)}"
 
 
 @dataclass(frozen=True)
@@ -85,21 +94,21 @@ class IceServers:
         if not self.turn_ttl_s > 0:
             raise ValueError(f"--turn-ttl must be positive, got {self.turn_ttl_s}")
 
-    def at(self, now: float) -> list[IceServer]:
+    def at(self, now: float, user: str = REST_USER) -> list[IceServer]:
         """The servers with their credentials as of `now` (unix time): static ones as given,
-        the others minted from the secret."""
+        the others minted from the secret for `user` (give each caller its own: `unique_user`)."""
         out = []
         for server in map(parse, self.specs):
             if server.is_turn and server.username is None:
-                user, credential = rest_credentials(self.turn_secret, now, self.turn_ttl_s)
-                server = IceServer(server.url, user, credential)
+                user_name, credential = rest_credentials(self.turn_secret, now, self.turn_ttl_s, user)
+                server = IceServer(server.url, user_name, credential)
             out.append(server)
         return out
 
-    def page_config(self, now: float) -> dict:
+    def page_config(self, now: float, user: str = REST_USER) -> dict:
         """The body of GET /webrtc/config: `{"iceServers": [RTCIceServer, ...]}` (empty list:
         host candidates only, as on a LAN or this machine)."""
-        return {"iceServers": [s.to_page() for s in self.at(now)]}
+        return {"iceServers": [s.to_page() for s in self.at(now, user)]}
 
 
 def from_page_config(body: dict) -> list[IceServer]:
@@ -112,4 +121,4 @@ def from_page_config(body: dict) -> list[IceServer]:
 
 
 __all__ = ["CONFIG_PATH", "DEFAULT_TTL_S", "IceServer", "IceServers", "from_page_config", "parse",
-           "rest_credentials"]
+           "rest_credentials", "unique_user"]

@@ -26,7 +26,7 @@ from transport.admission import Admission
 from transport.base import Transport
 from transport.credentials import header
 from transport.webrtc.ice import check_hosts, configuration, host_addresses
-from transport.webrtc.ice_servers import CONFIG_PATH, IceServers
+from transport.webrtc.ice_servers import CONFIG_PATH, IceServers, unique_user
 from transport.webrtc.jitter import use_low_latency_audio
 from transport.webrtc.transport import WebRTCTransport
 
@@ -98,7 +98,7 @@ class WebRTCOffers:
 
     def config(self, request: Request) -> tuple[int, dict[str, str], bytes]:
         """GET /webrtc/config (behind the same token and Origin checks as the offer)."""
-        return _json(HTTPStatus.OK, self.options.ice_servers.page_config(self.clock()))
+        return _json(HTTPStatus.OK, self.options.ice_servers.page_config(self.clock(), unique_user()))
 
     async def answer(self, request: Request, body: bytes) -> tuple[int, dict[str, str], bytes]:
         try:
@@ -114,7 +114,7 @@ class WebRTCOffers:
         why, owned = "cancelled", False
         try:
             # TURN credentials of its own, fresh for each offer (the page's came from /webrtc/config)
-            pc = RTCPeerConnection(configuration(self.options.ice_servers.at(self.clock())))
+            pc = RTCPeerConnection(configuration(self.options.ice_servers.at(self.clock(), unique_user())))
             transport = WebRTCTransport(pc, **self.options.transport)
             async with asyncio.timeout(self.options.negotiate_timeout_s):  # a deadline of its own
                 with host_addresses(self.options.ice_hosts):
