@@ -30,6 +30,7 @@ from agent.holding import HeldTransport, Holding, HoldingPolicy
 from agent.load import LoadMonitor, LoadPolicy, QueuedLLM
 from agent.metrics import ServerMetrics
 from agent.profiling import run_traced
+from agent.public_errors import PublicErrorsTransport
 from agent.reply import Playout
 from agent.session import Session
 from agent.trace import Tracer
@@ -186,7 +187,8 @@ class Server:
         tracer = Tracer(sid, capacity=1 << 17) if self.config.trace_dir else None
         async with self.metrics.conversation(sid, transport) as watched:
             holding = Holding(self.config.holding, time.monotonic())
-            far_end = HeldTransport(watched, holding)
+            # errors to the caller say what, not where (the detail goes to the log)
+            far_end = HeldTransport(PublicErrorsTransport(watched, sid), holding)
             session = Session(self.models, far_end, self.session_config, tracer=tracer, session_id=sid,
                               agent=self.agent)
             self.sessions[sid] = (session, asyncio.current_task())
