@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
 
 from agent.config import Models
 from agent.load import LoadMonitor, LoadPolicy
@@ -408,8 +408,11 @@ async def test_tls_serves_https_and_wss(tmp_path):
                 return r.status
         assert await asyncio.to_thread(fetch) == 200
         assert await refused_status(s.url("/ws", "wss"), ssl=trust) is None  # hello answered by ready
-        with pytest.raises(Exception):  # plain WebSocket to a TLS port
+        with pytest.raises(InvalidMessage):  # plain WebSocket to a TLS port: no HTTP answer comes back
             async with connect(s.url("/ws"), open_timeout=5):
+                pass
+        with pytest.raises(ssl.SSLCertVerificationError):  # a certificate the client does not trust
+            async with connect(s.url("/ws", "wss"), open_timeout=5, ssl=ssl.create_default_context()):
                 pass
 
 
