@@ -28,7 +28,8 @@ What each carrier signs on the upgrade (read in their public docs, 2026):
   `plivo-stream-sdk` (0.1.1, `plivo_stream/fastapi/streaming.py`) checks "http://" + the rest
   of the URL + "/websocket" (and the `plivo` SDK refuses a wss:// URI outright). Not having
   seen a real Plivo upgrade, this accepts either form. The V3 scheme carries no timestamp, so
-  a replayed upgrade cannot be told from a fresh one; TLS is the defence there.
+  only its nonce tells a replayed upgrade from a fresh one (see Replays, below); TLS is the
+  defence beyond that memory.
 - **Vonage** (/vonage): with `"authorization": {"type": "vonage"}` on the NCCO websocket
   endpoint, the Voice API sends the JWT of its signed webhooks in `Authorization: Bearer`:
   HS256, keyed with the account's signature secret, with `iat` (and `api_key`,
@@ -50,6 +51,14 @@ What each carrier signs on the upgrade (read in their public docs, 2026):
   (https://developer.exotel.com/docs/agentstream/stream-voicebot-applet). So /exotel takes the
   `--auth-token` too: `?token=` or as the Basic password (any user name).
 
+Replays: a signed upgrade seen once is refused the next time, where the scheme gives something
+to remember (`carrier_guards` turns this on): a Vonage JWT by its `jti` (or, without one, the
+token itself) until it is too old to be taken anyway; a Plivo upgrade by its nonce, for a day.
+Both memories are bounded (`SeenOnce`, the soonest to expire forgotten first when full). A
+Twilio signature covers the fixed URL only, with nothing that changes per upgrade: one logged
+upgrade opens /twilio for as long as the auth token is valid. Keep that URL secret (TLS end to
+end) and rotate the auth token if an upgrade's headers leak.
+
 Policy, per route: the carrier's own secret, when given, makes its signature required (a token
 is no substitute); otherwise `auth_token`, when given, is required as `?token=TOKEN`,
 `Authorization: Bearer TOKEN` or as a Basic password; with neither, the route stays open, as it
@@ -69,6 +78,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import heapq
 import json
 import time
 from collections.abc import Callable
@@ -149,6 +159,36 @@ class TwilioSignature:
                                       "(wrong --twilio-auth-token, or set --public-url)\n")
 
 
+# --- replays ----------------------------------------------------------------------------------
+
+class SeenOnce:
+    """A bounded, expiring memory of one-time values: `first(key, until, now)` is True the first
+    time a key is offered and False for a replay before `until`. At most `capacity` are kept;
+    when full, the one that expires soonest is forgotten first."""
+
+    def __init__(self, capacity: int = 16384):
+        self.capacity = capacity
+        self._until: dict[str, float] = {}
+        self._expiry: list[tuple[float, str]] = []  # heap of (until, key)
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+    def first(self, key: str, until: float, now: float) -> bool:
+        while self._expiry and (self._expiry[0][0] <= now or len(self._until) >= self.capacity):
+            when, old = heapq.heappop(self._expiry)
+            if self._until.get(old) == when:
+                del self._until[old]
+        if key in self._until:
+            return False
+        self._until[key] = until
+        heapq.heappush(self._expiry, (until, key))
+        return True
+
+
+PLIVO_REPLAY_S = 86400.0  # Plivo's nonce carries no time: remembered this long (or until evicted)
+
+
 # --- Plivo ------------------------------------------------------------------------------------
 
 def plivo_signed_string(url: str) -> str:
@@ -175,8 +215,12 @@ def plivo_signature(auth_token: str, url: str, nonce: str) -> str:
 
 @dataclass(frozen=True)
 class PlivoSignature:
+    """`replays`: when given, a nonce already taken is refused (a replayed upgrade)."""
+
     auth_token: str
     public_url: str | None = None
+    replays: SeenOnce | None = field(default=None, compare=False, repr=False)
+    clock: Callable[[], float] = field(default=time.time, compare=False)
 
     def __call__(self, request: Request) -> Refusal | None:
         return self.refusal(request)
@@ -194,6 +238,9 @@ class PlivoSignature:
             return HTTPStatus.FORBIDDEN, "no Host header to check X-Plivo-Signature-V3 against\n"
         expected = [plivo_signature(self.auth_token, u, nonce) for u in plivo_signed_urls(url)]
         if any(same_secret(g, e) for g in given for e in expected):
+            now = self.clock()
+            if self.replays is not None and not self.replays.first(f"plivo:{nonce}", now + PLIVO_REPLAY_S, now):
+                return HTTPStatus.FORBIDDEN, "this Plivo upgrade (its nonce) was seen before: a replay\n"
             return None
         return HTTPStatus.FORBIDDEN, (f"X-Plivo-Signature-V3 does not match {url} "
                                       "(wrong --plivo-auth-token, or set --public-url)\n")
@@ -253,6 +300,7 @@ class VonageSignature:
     max_age_s: float = 300.0
     leeway_s: float = 30.0
     clock: Callable[[], float] = field(default=time.time, compare=False)
+    replays: SeenOnce | None = field(default=None, compare=False, repr=False)  # refuse a token seen before
 
     def __call__(self, request: Request) -> Refusal | None:
         return self.refusal(request)
@@ -276,6 +324,11 @@ class VonageSignature:
                 raise BadToken("expired")
             if self.application_id is not None and claims.get("application_id") != self.application_id:
                 raise BadToken("for another application")
+            jti = claims.get("jti")
+            key = f"jti:{jti}" if isinstance(jti, str) and jti else "jwt:" + hashlib.sha256(token.encode()).hexdigest()
+            until = iat + self.max_age_s + 2 * self.leeway_s  # after that it is too old anyway
+            if self.replays is not None and not self.replays.first(key, until, now):
+                raise BadToken("already used (a replay)")
         except BadToken as exc:
             return HTTPStatus.FORBIDDEN, f"the Vonage JWT is refused: {exc}\n"
         return None
@@ -328,10 +381,10 @@ def carrier_guards(*, twilio_auth_token: str | None = None, plivo_auth_token: st
     if twilio_auth_token:
         guards["/twilio"] = TwilioSignature(twilio_auth_token, public_url or None)
     if plivo_auth_token:
-        guards["/plivo"] = PlivoSignature(plivo_auth_token, public_url or None)
+        guards["/plivo"] = PlivoSignature(plivo_auth_token, public_url or None, replays=SeenOnce(), clock=clock)
     if vonage_signature_secret:
         guards["/vonage"] = VonageSignature(vonage_signature_secret, vonage_application_id or None,
-                                            max_age_s=max_age_s, clock=clock)
+                                            max_age_s=max_age_s, clock=clock, replays=SeenOnce())
     if token is not None:
         for route in PHONE_ROUTES:
             guards.setdefault(route, TokenRequired(token, TOKEN_HINTS[route]))
