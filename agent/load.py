@@ -110,6 +110,7 @@ class QueuedLLM:
         self.inner = inner
         self.name = getattr(inner, "name", "llm")
         self.warm = getattr(inner, "warm", None)  # the session warms prompts when it can
+        self.tool_results = getattr(inner, "tool_results", None)  # how it reads its tools' results
         self.waiting = 0
 
     async def stream(self, messages, max_tokens: int | None = None, tools: list[dict] | None = None) -> AsyncIterator:

@@ -38,6 +38,8 @@ from agent.tool_steps import ReplyTools
 from agent.trace import Ev, Stage
 from agent.workers import cancel_and_wait
 from llm.base import ChatModel, Message, ToolCall, assistant_calls
+from llm.tool_format import ToolCallText
+from llm.tool_results import style_for
 from transport.base import AudioOut, Transport
 from transport.events import BotText, SessionEvent
 from tts.base import AudioChunk, Synthesizer, known_text
@@ -390,6 +392,10 @@ class Reply:
         self._unpaused.set()
         return self.playout.resume()
 
+    def _tool_results(self):
+        """How this reply's model reads tool results (llm/tool_results.py); None without tools."""
+        return None if self.tools is None else style_for(self.tools.policy.results, self.llm)
+
     @property
     def ran_tools(self) -> bool:
         return self.tools is not None and bool(self.tools.steps)
@@ -475,12 +481,14 @@ class Reply:
                 await text_q.put(piece)
                 await first_piece_done.wait()
 
-        async def token_source(messages: list[Message]) -> AsyncIterator[str | ToolCall]:
+        async def token_source(messages: list[Message], offer_tools: bool) -> AsyncIterator[str | ToolCall]:
             if self.fixed_text is not None:
                 for word in self.fixed_text.split(" "):
                     yield word + " "
                 return
-            offer = {"tools": self.tools.specs()} if self.tools is not None and self.tools.tools else {}
+            offer = {"tools": self.tools.specs()} if offer_tools else {}
+            # a round offered no tools may still write one's JSON (it read of calls): never said
+            calls = ToolCallText() if self.tools is not None and not offer_tools else None
             async with contextlib.aclosing(self.llm.stream(messages, cfg.max_tokens, **offer)) as toks:
                 it, n = aiter(toks), 0
                 while True:
@@ -501,14 +509,20 @@ class Reply:
                             f"the LLM stopped: no token for {limit:.1f} s after {n} tokens")
                         raise self.llm_error from None
                     n += 1
-                    yield tok
+                    if calls is None or not isinstance(tok, str):
+                        yield tok
+                    else:
+                        for item in calls.push(tok):
+                            yield item
+            for item in calls.flush() if calls is not None else ():
+                yield item
 
-        async def generate(messages: list[Message], chunker: TextChunker) -> list[ToolCall]:
+        async def generate(messages: list[Message], chunker: TextChunker, offer_tools: bool) -> list[ToolCall]:
             """One LLM request: its text goes to the voice, its tool calls come back."""
             calls: list[ToolCall] = []
             span = tr.begin(Stage.LLM, Ev.GENERATE, turn=rec.index, model=getattr(self.llm, "name", "llm"))
             try:
-                async with contextlib.aclosing(token_source(messages)) as toks:
+                async with contextlib.aclosing(token_source(messages, offer_tools)) as toks:
                     async for tok in toks:
                         if isinstance(tok, ToolCall):
                             calls.append(tok)  # read on: a model may ask for several at once
@@ -534,20 +548,24 @@ class Reply:
             messages = self.messages
             if self._context is not None and self.fixed_text is None:
                 messages = self.messages = await self._context()
+            style = self._tool_results()
+            offer_tools = self.tools is not None and bool(self.tools.tools)
             while True:
                 before = len(tokens)
-                calls = await generate(messages, chunker)
+                calls = await generate(style.prepare(messages) if style else messages, chunker, offer_tools)
                 if not calls:
                     break
                 for piece in chunker.flush():  # what it said before the calls is heard while they run
                     await emit(piece)
-                if self.tools is None or not self.tools.may_run():
+                if self.tools is None or not offer_tools or not self.tools.may_run():
                     if self.tools is not None:
-                        self.tools.refuse(calls)
+                        self.tools.refuse(calls, f"more than {self.tools.policy.max_steps} tool rounds in one reply"
+                                          if offer_tools else "the answer's round offers no tools")
                     break
                 await self.gate.wait()  # never speculative: a guess that is cancelled runs no tool
                 results = await self.tools.run(calls, lambda: self._said_words, emit)
                 messages = [*messages, assistant_calls("".join(tokens[before:]).strip(), calls), *results]
+                offer_tools = style.chains
                 if tokens and not tokens[-1].endswith(" "):
                     tokens.append(" ")  # the next round's words are a new sentence in reply_text
             for piece in chunker.flush():

@@ -33,6 +33,7 @@ from agent.turns import State
 from agent.workers import cancel_and_wait, run_in
 from asr.base import RecognizerUnavailable
 from llm.base import ReadAheadStop
+from llm.tool_results import style_for
 from transport.base import AudioIn, ClientEvent, Played, Transport
 from transport.events import (
     BotDone, CallEnded, EndOfUserTurn, FinalTranscript, Interrupted, PartialTranscript, SessionError,
@@ -401,6 +402,8 @@ class Session:
         if warm is None or self._ended or (self._warm_task is not None and not self._warm_task.done()):
             return
         messages = self._history.prompt(self.agent.instructions, user_so_far)
+        if self.tools:  # the prompt as the reply will give it (llm/tool_results.py)
+            messages = style_for(self.agent.tool_policy.results, self.models.llm).prepare(messages)
         self._warm_stop = stop = ReadAheadStop()
         # a warmer written before `stop` existed reads ahead to the end, as it always did
         params = inspect.signature(warm).parameters

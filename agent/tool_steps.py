@@ -67,11 +67,10 @@ class ReplyTools:
     def may_run(self) -> bool:
         return len(self.steps) < self.policy.max_steps
 
-    def refuse(self, calls: list[ToolCall]) -> None:
+    def refuse(self, calls: list[ToolCall], why: str) -> None:
         self.refused += len(calls)
         for call in calls:
-            self.tracer.instant(Stage.TOOL, Ev.TOOL_REFUSED, turn=self.turn, tool=call.name,
-                                why=f"more than {self.policy.max_steps} tool steps in one reply")
+            self.tracer.instant(Stage.TOOL, Ev.TOOL_REFUSED, turn=self.turn, tool=call.name, why=why)
 
     async def run(self, calls: list[ToolCall], said_words: Callable[[], int],
                   say: Callable[[str], Awaitable[None]]) -> list[Message]:

@@ -39,6 +39,9 @@ class ToolPolicy:
     max_steps: int = 3  # rounds of tool calls in one reply; past them the model must answer
     # said when a reply ends with no words at all (the model called tools and then said nothing)
     no_answer: str = "Sorry, I couldn't get that done."
+    # how the model reads results (llm.tool_results NATIVE or INLINE); None: the model's own
+    # (`ChatModel.tool_results`: INLINE for models under 3B parameters), else NATIVE
+    results: Any = None
 
 
 class ToolError(Exception):

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from llm.base import Message, ReadAheadStop
 from llm.bridge import iterate_in_thread
 from llm.tool_format import ToolCallText, template_messages
+from llm.tool_results import for_size
 
 log = logging.getLogger("duplex.llm")
 
@@ -124,6 +125,10 @@ class LlamaCppChat:
         self._llm = self._thread.submit(load_llama, model_path, n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(),
                                         seed=seed).result()
         self._lock = threading.Lock()  # one llama context: one generation at a time
+        import llama_cpp
+
+        # how it reads its tools' results (llm/tool_results.py): small models only as notes
+        self.tool_results = for_size(llama_cpp.llama_model_n_params(self._llm.model))
 
     def _generate(self, messages: list[Message], max_tokens: int, stop: threading.Event, tools: list[dict] | None):
         with self._lock:

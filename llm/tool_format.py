@@ -32,10 +32,13 @@ def _held_back(text: str, tag: str) -> int:
 def parse_call(body: str) -> ToolCall:
     """One call's JSON as the model wrote it. A body that is not a call keeps its text as the
     arguments under the name "" (the tool runner answers the model that it was malformed)."""
+    body = body.strip()
+    if body.startswith("{{") and body.endswith("}}"):
+        body = body[1:-1]  # Qwen2.5-Coder-1.5B copies its template's doubled braces
     try:
         value = json.loads(body)
     except ValueError:
-        return ToolCall(new_call_id(), "", body.strip())
+        return ToolCall(new_call_id(), "", body)
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return ToolCall(new_call_id(), "", body.strip())
     args = value.get("arguments", value.get("parameters", {}))
@@ -47,7 +50,7 @@ def parse_call(body: str) -> ToolCall:
 def _names_a_call(body: str) -> bool:
     """A broken object that began as a call (a model cut off mid-call): a malformed call, never
     text to say."""
-    return re.match(r'\s*\{\s*"name"\s*:', body) is not None
+    return re.match(r'\s*\{\{?\s*"name"\s*:', body) is not None
 
 
 def _object_end(text: str) -> int:

@@ -25,6 +25,7 @@ from pathlib import Path
 from llm.base import Message, ReadAheadStop
 from llm.bridge import iterate_in_thread
 from llm.tool_format import ToolCallText, template_messages
+from llm.tool_results import for_size
 
 PREFIX = "hf:"
 
@@ -58,6 +59,7 @@ class TransformersChat:
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._lock = threading.Lock()  # one model, one generation at a time
+        self.tool_results = for_size(self.model.num_parameters())  # llm/tool_results.py
         self.tokens_generated = 0  # forward passes that produced a token (for tests and stats)
         self.last_prefill_tokens = 0  # prompt tokens the last request had to evaluate
         self._kept = None  # the KV cache of the last request: a prompt sharing its prefix reuses it

@@ -177,3 +177,19 @@ def test_a_call_written_without_its_tags_is_a_call_and_other_braces_are_text():
 def test_a_call_cut_off_mid_object_is_a_malformed_call_not_speech():
     (bad,) = feed(['{"name": "joke", "arguments": {"message": "Why did'])
     assert isinstance(bad, ToolCall) and bad.name == ""
+
+
+def test_inline_results_fold_each_round_into_the_turn_that_asked():
+    from llm.base import assistant_calls, tool_result
+    from llm.tool_results import INLINE, NATIVE
+
+    call = ToolCall("c1", "get_weather", '{"city": "Paris"}')
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "weather in Paris?"},
+                assistant_calls("Let me see.", [call]), tool_result(call, "sunny"),
+                {"role": "assistant", "content": "It is sunny."}, {"role": "user", "content": "thanks"}]
+    assert NATIVE.prepare(messages) is messages
+    assert INLINE.prepare(messages) == [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "weather in Paris?\n\n(get_weather returned: sunny)"},
+        {"role": "assistant", "content": "Let me see. It is sunny."}, {"role": "user", "content": "thanks"}]
+    assert not INLINE.chains and NATIVE.chains

@@ -394,3 +394,28 @@ async def test_end_call_hangs_up_only_after_the_goodbye_was_played(tmp_path):
     assert ended["t"] >= played_end, "the call ended only after the goodbye's last piece was played"
     assert session.records[0].heard_text == "Goodbye, have a nice day."
     assert Ev.CALL_END in [e.name for e in tracer.events() if e.stage == Stage.TURN]
+
+
+async def test_a_small_models_answer_round_reads_results_inline_and_offers_no_tools(tmp_path):
+    from llm.tool_results import INLINE
+
+    @function_tool
+    def get_time(city: str) -> str:
+        """Time."""
+        return "noon"
+
+    def answer(messages, tools):
+        if tools:
+            return [call("get_time", city="Rome")]
+        # the answer round: it still writes a call (small models do), then answers from the note
+        return ['{"name": "get_time", "arguments": {"city": "Rome"}}\n', "It", " is", " noon."]
+
+    script = Script(["what time is it in Rome"], answer=answer)
+    session, wav, llm, tracer, _ = await converse(
+        tmp_path, [turn(spoken())], script,
+        Agent(tools=[get_time], tool_policy=ToolPolicy(filler_delay_s=5.0, results=INLINE)))
+    assert llm.offered[0] and llm.offered[1] is None, "the answer round offers no tools"
+    assert llm.requests[1][-1] == {"role": "user", "content": "what time is it in Rome\n\n(get_time returned: noon)"}
+    assert session.records[0].heard_text == "It is noon.", "the stray call was neither run nor said"
+    assert [e.args["why"] for e in tracer.events() if e.name == Ev.TOOL_REFUSED] == ["the answer's round offers no tools"]
+    assert [m["role"] for m in session.history] == ["user", "assistant", "tool", "assistant"]

@@ -1,0 +1,77 @@
+"""How a model reads the results of the tools it called: two strategies.
+
+`NATIVE`: the calls and results go to the model as its chat template lays them out, and it may
+call again (chains of calls). What capable models and servers expect.
+
+`INLINE`: small models cannot read their template's results. Given a result as a `tool`
+message, Qwen2.5-Coder-0.5B answers with another call, even with every token holding "{"
+banned (it writes the call in a code block instead); given the same result as a note in the
+user's turn, without tools, it answers ("What time is it in Tokyo?" -> "The time in Tokyo is
+half past three in the afternoon."). So each result is folded into the turn that asked for it,
+and the round after the results offers no tools: one round of calls, then the answer.
+
+The history always keeps calls and results as messages; a strategy only shapes the prompt.
+"""
+from __future__ import annotations
+
+from llm.base import Message
+
+# models below this many parameters get INLINE by default (llm/llamacpp.py, llm/transformers_chat.py)
+SMALL_MODEL_PARAMS = 3e9
+
+
+class NativeToolResults:
+    chains = True  # the model may call again after reading results
+
+    def prepare(self, messages: list[Message]) -> list[Message]:
+        return messages
+
+
+class InlineToolResults:
+    chains = False
+
+    def prepare(self, messages: list[Message]) -> list[Message]:
+        """The messages with every call and result folded into notes on the user's turn before
+        them, and an answer said in two parts (before and after its calls) as one message."""
+        if not any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+            return messages
+        out: list[dict] = []
+        names: dict[str, str] = {}
+        for m in messages:
+            if m["role"] == "assistant" and m.get("tool_calls"):
+                names.update({c["id"]: c["function"]["name"] for c in m["tool_calls"]})
+                if m.get("content"):
+                    _say(out, m["content"])
+            elif m["role"] == "tool":
+                asked = next((i for i in range(len(out) - 1, -1, -1) if out[i]["role"] == "user"), None)
+                note = f"({names.get(m.get('tool_call_id', ''), 'a tool')} returned: {m['content']})"
+                if asked is None:
+                    out.insert(0, {"role": "user", "content": note})
+                else:
+                    out[asked] = {**out[asked], "content": f"{out[asked]['content']}\n\n{note}"}
+            elif m["role"] == "assistant":
+                _say(out, m["content"])
+            else:
+                out.append(dict(m))
+        return out
+
+
+def _say(out: list[dict], text: str) -> None:
+    if out and out[-1]["role"] == "assistant":
+        out[-1] = {**out[-1], "content": f"{out[-1]['content']} {text}".strip()}
+    else:
+        out.append({"role": "assistant", "content": text})
+
+
+NATIVE = NativeToolResults()
+INLINE = InlineToolResults()
+
+
+def for_size(n_params: float | None):
+    """The default for a model of `n_params` parameters (unknown: NATIVE)."""
+    return INLINE if n_params is not None and n_params < SMALL_MODEL_PARAMS else NATIVE
+
+
+def style_for(chosen, llm):
+    """The strategy `chosen` (a ToolPolicy's), else the model's own, else NATIVE."""
+    return chosen or getattr(llm, "tool_results", None) or NATIVE
