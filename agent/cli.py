@@ -182,6 +182,7 @@ def cmd_serve(args) -> int:
                          insecure_no_auth=args.insecure_no_auth,
                          holding=HoldingPolicy(idle_s=args.idle_timeout, max_call_s=args.max_call),
                          sources=SourcePolicy(max_live=args.max_per_source, per_minute=args.connect_rate),
+                         metrics_port=args.metrics_port,
                          audiosocket_allow=args.audiosocket_allow or ["127.0.0.0/8", "::1/128"],
                          ice_hosts=args.ice_host or [], ice_servers=args.ice_server or [],
                          turn_secret=args.turn_secret, turn_ttl_s=args.turn_ttl,
@@ -356,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT: stop admitting, let live conversations end for up to this many "
                         "seconds (default 30), then say goodbye to the rest and exit 0")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve /metrics, and /readyz with its reasons, on this port only (a proxy in front of "
+                        "--port then shows neither; /readyz there gives the status alone)")
     p.add_argument("--idle-timeout", type=float, default=60.0, metavar="S",
                    help="end a conversation in which no one has spoken and no reply has played for this "
                         "long (default 60; 0: never): a page is told why, a phone hears a goodbye")

@@ -45,7 +45,7 @@ from transport.telephony.media_streams_ws import MediaStreamTransport
 from transport.telephony.signatures import PHONE_ROUTES, carrier_guards
 from transport.telephony.vonage import VonageCall
 from transport.web.access import BrowserAccess
-from transport.web.server import Guard, run_server
+from transport.web.server import Guard, run_ops_server, run_server
 from transport.webrtc.ice_servers import CONFIG_PATH, DEFAULT_TTL_S, IceServers
 from transport.webrtc.signalling import OFFER_PATH, WebRTCOffers, WebRTCOptions, config_routes, offer_routes
 from tts.base import AudioChunk, known_text
@@ -79,6 +79,8 @@ class ServeConfig:
     audiosocket_allow: list[str] = field(default_factory=lambda: list(LOOPBACK))  # source networks
     holding: HoldingPolicy = field(default_factory=HoldingPolicy)  # idle timeout, longest call
     sources: SourcePolicy = field(default_factory=SourcePolicy)  # per-address limits
+    # /metrics and /readyz's reasons on this port only (not through a proxy in front of `port`)
+    metrics_port: int | None = None
     guards: dict[str, Guard] = field(default_factory=dict)  # phone routes: the carriers' signatures
     certfile: str | None = None
     keyfile: str | None = None
@@ -143,7 +145,11 @@ def route_guards(cfg: ServeConfig, guards: dict[str, Guard]) -> list[tuple[str, 
     if cfg.audiosocket_port is not None:
         lines.append((f"AudioSocket :{cfg.audiosocket_port}: sources {', '.join(cfg.audiosocket_allow)}, "
                       "no credentials", False))
-    lines.append(("/healthz, /readyz, /metrics: public", False))
+    if cfg.metrics_port is None:
+        lines.append(("/healthz, /readyz (with its reasons), /metrics: public", False))
+    else:
+        lines.append((f"/healthz, /readyz: public, status only; /metrics and the reasons on :{cfg.metrics_port}",
+                      False))
     return lines
 
 
@@ -250,14 +256,20 @@ class Server:
         routes["/vonage"] = lambda ws: MediaStreamTransport(ws, VonageCall())
         web_ready = asyncio.Event()
         offers = WebRTCOffers(self._conversation, self.admission, cfg.webrtc_options())
+        ops = {"/metrics": self.metrics.exposition}
+        private_ops = cfg.metrics_port is not None
         tasks = [asyncio.create_task(run_server(
                      self._conversation, cfg.host, cfg.port, self.models.tts.sample_rate, web_ready,
-                     admission=self.admission, routes=routes, http_routes={"/metrics": self.metrics.exposition},
+                     admission=self.admission, routes=routes, http_routes={} if private_ops else ops,
                      access=BrowserAccess.of(cfg.auth_token, cfg.allowed_origins, cfg.served_hosts()),
                      guards=guards,
                      busy=self._busy, ssl=cfg.ssl_context(), post_routes=offer_routes(offers),
-                     guarded_routes=config_routes(offers), limits=self.limits), name="web"),
+                     guarded_routes=config_routes(offers), limits=self.limits, probe_reasons=not private_ops),
+                     name="web"),
                  asyncio.create_task(self.monitor.run(on_lag=self.metrics.loop_lag.observe), name="load")]
+        if private_ops:
+            tasks.append(asyncio.create_task(run_ops_server(ops, self.admission, cfg.host, cfg.metrics_port),
+                                             name="metrics"))
         if cfg.audiosocket_port is not None:
             tasks.append(asyncio.create_task(run_audiosocket_server(
                 self._conversation, cfg.host, cfg.audiosocket_port, admission=self.admission, busy=self._busy,

@@ -142,14 +142,44 @@ def _answer(status: int, headers: dict[str, str], body: bytes) -> Response:
         [*headers.items(), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]), body)
 
 
-def _probe(admission: Admission, path: str) -> Response:
+def _probe(admission: Admission, path: str, reasons: bool = True) -> Response:
     """/healthz: the process answers. /readyz: it admits conversations now (a load balancer
-    sends new ones elsewhere while it is 503)."""
+    sends new ones elsewhere while it is 503), and why not when `reasons`."""
     if path == "/healthz":
         return _text(HTTPStatus.OK, "ok\n")
     reason = admission.reason
-    return _text(HTTPStatus.OK, "ready\n") if reason is None else _text(HTTPStatus.SERVICE_UNAVAILABLE,
-                                                                        f"not ready: {reason}\n")
+    if reason is None:
+        return _text(HTTPStatus.OK, "ready\n")
+    return _text(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {reason}\n" if reasons else "not ready\n")
+
+
+def _route_answer(route: HttpRoute) -> Response:
+    status, headers, body = route()
+    return Response(status, HTTPStatus(status).phrase,
+                    Headers([*headers.items(), ("Content-Length", str(len(body)))]), body)
+
+
+async def run_ops_server(http_routes: dict[str, HttpRoute], admission: Admission, host: str, port: int,
+                         ready: asyncio.Event | None = None) -> None:
+    """The operators' port (`--metrics-port`): `http_routes` (/metrics), /healthz and /readyz
+    with its reasons, and nothing else, so that a proxy in front of the main port shows none of
+    it. Serves until cancelled."""
+    def process_request(connection: ServerConnection, request: Request) -> Response:
+        path = _path(request)
+        if path in ("/healthz", "/readyz"):
+            return _probe(admission, path)
+        if path in http_routes:
+            return _route_answer(http_routes[path])
+        return _text(HTTPStatus.NOT_FOUND, "not found\n")
+
+    async def never(ws: ServerConnection) -> None:  # every request is answered above
+        await ws.close()
+
+    async with serve(never, host, port, process_request=process_request, max_size=1024, compression=None) as server:
+        log.info("duplex operators' port on %s:%s (/metrics, /healthz, /readyz)", *server.sockets[0].getsockname()[:2])
+        if ready is not None:
+            ready.set()
+        await asyncio.Future()
 
 
 def _path(request: Request) -> str:
@@ -164,7 +194,7 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
                      busy: Handler | None = None, ssl: SSLContext | None = None,
                      post_routes: dict[str, PostRoute] | None = None,
                      guarded_routes: dict[str, GuardedRoute] | None = None,
-                     limits: SourceLimits | None = None) -> None:
+                     limits: SourceLimits | None = None, probe_reasons: bool = True) -> None:
     """Serve until cancelled. `handler(transport)` runs one conversation per WebSocket: the
     browser's at /ws, and one more transport per path in `routes` (a phone media stream, say).
     `admission` (default: 16 at once) refuses conversations beyond it with 503 before the
@@ -175,7 +205,9 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
     WebRTC offer, behind the same `access` and `admission` as /ws. `guarded_routes`: GET paths
     behind `access` only (the page's WebRTC config: asking for it starts no conversation).
     `limits`: per-address limits (default: transport/limits.py's) on the browser's routes and on
-    phone routes without a guard; a carrier's authenticated calls share its few addresses."""
+    phone routes without a guard; a carrier's authenticated calls share its few addresses.
+    `probe_reasons`: /readyz says why it refuses (False: the status alone, where the reasons are
+    served on an operators' port of their own, `run_ops_server`)."""
     admission = admission or Admission()
     access = access or BrowserAccess()
     guards = {"/ws": access.refusal, **(guards or {})}
@@ -242,11 +274,9 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
                 return _refused(refusal)
             return _answer(*guarded_routes[path](request))
         if path in ("/healthz", "/readyz"):
-            return _probe(admission, path)
+            return _probe(admission, path, probe_reasons)
         if path in http_routes:
-            status, headers, body = http_routes[path]()
-            return Response(status, HTTPStatus(status).phrase,
-                            Headers([*headers.items(), ("Content-Length", str(len(body)))]), body)
+            return _route_answer(http_routes[path])
         return _static_response(path)
 
     async def on_ws(ws: ServerConnection) -> None:
