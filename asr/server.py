@@ -34,6 +34,7 @@ import ipaddress
 import logging
 import os
 import signal
+import ssl as _ssl
 import time
 from collections import deque
 from http import HTTPStatus
@@ -273,11 +274,20 @@ class AsrServer:
                 await ws.send(encode_server(m, session.buffered_samples))
 
     @contextlib.asynccontextmanager
-    async def serving(self, host: str = "127.0.0.1", port: int = 0):
-        """Async context: yields the bound port."""
+    async def serving(self, host: str = "127.0.0.1", port: int = 0, ssl: _ssl.SSLContext | None = None):
+        """Async context: yields the bound port. `ssl`: serve wss:// and https://."""
         async with serve(self.handle, host, port, process_request=self.process_request,
-                         max_size=MAX_FRAME_BYTES, max_queue=INCOMING_QUEUE, compression=None) as srv:
+                         max_size=MAX_FRAME_BYTES, max_queue=INCOMING_QUEUE, compression=None, ssl=ssl) as srv:
             yield srv.sockets[0].getsockname()[1]
+
+
+def tls_context(certfile: str | None, keyfile: str | None = None) -> _ssl.SSLContext | None:
+    """The server's TLS context for --certfile/--keyfile, or None (plain ws://)."""
+    if certfile is None:
+        return None
+    ctx = _ssl.create_default_context(_ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(certfile, keyfile)
+    return ctx
 
 
 def key_accepted(given: str, keys: frozenset[str]) -> bool:
@@ -385,6 +395,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--api-key-file", action="append", default=None, metavar="FILE",
                    help="accepted keys, one a line (repeatable)")
     p.add_argument("--no-auth", action="store_true", help="accept clients without a key")
+    p.add_argument("--certfile", help="serve wss:// (and https:// probes) with this PEM certificate (chain); "
+                                      "the agents then use --asr wss://HOST:PORT and trust its issuer "
+                                      "(SSL_CERT_FILE for a private one)")
+    p.add_argument("--keyfile", help="the certificate's private key (PEM), if not in --certfile")
     p.add_argument("--buffer-seconds", type=float, default=10.0, help="per-stream input buffer cap")
     p.add_argument("--admission-wait", type=float, default=0.0,
                    help="seconds a new client may wait for a free slot (0: refuse at once)")
@@ -398,6 +412,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def serve_forever(args) -> None:
     keys = api_keys(args)  # before the model loads: a refusal costs nothing
+    tls_context(args.certfile, args.keyfile)  # a bad certificate, too
     recognizer = build_recognizer(args)
     server = AsrServer(recognizer, keys)
     stop, hurry = asyncio.Event(), asyncio.Event()
@@ -416,9 +431,10 @@ async def serve_forever(args) -> None:
     if start:
         await start()
     try:
-        async with server.serving(args.host, args.port) as port:
+        async with server.serving(args.host, args.port, ssl=tls_context(args.certfile, args.keyfile)) as port:
             label = recognizer.name
-            print(f"asr-serve: {label} on ws://{args.host}:{port}{PATH} ({args.slots} slots)", flush=True)
+            scheme = "wss" if args.certfile else "ws"
+            print(f"asr-serve: {label} on {scheme}://{args.host}:{port}{PATH} ({args.slots} slots)", flush=True)
             await stop.wait()
             live = server.connections
             log.info("draining: %d live stream(s), waiting up to %.0f s", live, args.drain_timeout)

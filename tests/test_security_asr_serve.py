@@ -80,3 +80,38 @@ def test_asr_serve_refuses_before_loading_a_model(monkeypatch):
     monkeypatch.delenv("DUPLEX_ASR_API_KEY", raising=False)
     with pytest.raises(SystemExit, match="well-known default key"):
         asr_server.main(["--host", "0.0.0.0"])
+
+
+async def test_asr_serve_speaks_tls_with_a_certificate_the_test_makes(tmp_path):
+    import asyncio
+    import ssl
+    import subprocess
+    import urllib.request
+
+    from websockets.exceptions import InvalidMessage
+
+    from asr.server import tls_context
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    trust = ssl.create_default_context(cafile=str(cert))
+    async with AsrServer(NoSlots(), ("k1",)).serving("127.0.0.1", 0, ssl=tls_context(str(cert), str(key))) as port:
+        async with connect(f"wss://127.0.0.1:{port}{PATH}", additional_headers={"kyutai-api-key": "k1"},
+                           ssl=trust, open_timeout=10):
+            pass
+        with pytest.raises(InvalidStatus):  # TLS does not replace the key
+            async with connect(f"wss://127.0.0.1:{port}{PATH}", ssl=trust, open_timeout=10):
+                pass
+        with pytest.raises(InvalidMessage):  # plain ws:// to the TLS port
+            async with connect(f"ws://127.0.0.1:{port}{PATH}", open_timeout=5):
+                pass
+        with pytest.raises(ssl.SSLCertVerificationError):  # a client that does not trust the certificate
+            async with connect(f"wss://127.0.0.1:{port}{PATH}", ssl=ssl.create_default_context(), open_timeout=5):
+                pass
+
+        def probe() -> int:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", timeout=10, context=trust) as r:
+                return r.status
+        assert await asyncio.to_thread(probe) == 200
