@@ -528,6 +528,7 @@ def export_otlp(
     turn) with instants as span events; child spans for every recorded span;
     and one GenAI ``chat {model}`` span per LLM request (request → done or
     cancel) with ``gen_ai.operation.name``, ``gen_ai.request.model``,
+    (a tool call's span is GenAI's ``execute_tool {name}`` with ``gen_ai.tool.name``),
     ``gen_ai.provider.name``/``gen_ai.system`` and ``gen_ai.usage.output_tokens``
     (token events counted when the backend did not report usage).  Events
     outside any turn go under a ``session`` root span.
@@ -599,8 +600,12 @@ def export_otlp(
                     m = e.args.get("model", model)
                     if m:
                         a["gen_ai.request.model"] = str(m)
-                sp = otel.start_span(f"{e.stage}.{e.name}", context=ctx, start_time=w(e.ts_ns),
-                                     attributes=a)
+                name = f"{e.stage}.{e.name}"
+                if e.stage == Stage.TOOL and e.name == Ev.TOOL_CALL:  # GenAI's tool-execution span
+                    a["gen_ai.operation.name"] = "execute_tool"
+                    a["gen_ai.tool.name"] = str(e.args.get("tool", ""))
+                    name = f"execute_tool {e.args.get('tool', '')}"
+                sp = otel.start_span(name, context=ctx, start_time=w(e.ts_ns), attributes=a)
                 sp.end(end_time=w(e.ts_ns + e.dur_ns))
                 n_spans += 1
             elif e.ph == "C":

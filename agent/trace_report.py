@@ -253,6 +253,10 @@ def turn_table(events: Iterable[Any]) -> list[dict]:
         row["speculative"] = any(
             e.stage == Stage.SPECULATION and e.name == Ev.COMMIT for e in evs
         )
+        # time in tool calls: inside the stages above (the LLM waits for them), not added to them
+        tools = [e for e in evs if e.stage == Stage.TOOL and e.name == Ev.TOOL_CALL and e.ph == "X"]
+        row["tool_calls"] = len(tools)
+        row["tools_ms"] = round(sum(e.dur_ns for e in tools) / 1e6, 1) if tools else None
         row["t0_ns"] = present[0]
         row["milestones_ns"] = marks
         rows.append(row)
@@ -452,8 +456,8 @@ def _fmt(v: float | None, w: int = 8) -> str:
 
 def format_table(rows: Sequence[dict]) -> str:
     """The per-turn table plus p50/p90/p99 rows, as text."""
-    heads = ["turn"] + [h for _, h in COLUMNS] + ["total", "server", "mouth→ear"]
-    keys = [k for k, _ in COLUMNS] + ["total_ms", "server_ms", "mouth_to_ear_ms"]
+    heads = ["turn"] + [h for _, h in COLUMNS] + ["total", "server", "mouth→ear", "tools"]
+    keys = [k for k, _ in COLUMNS] + ["total_ms", "server_ms", "mouth_to_ear_ms", "tools_ms"]
     widths = [max(6, len(h)) for h in heads]
     lines = ["  ".join(f"{h:>{w}}" for h, w in zip(heads, widths))]
     lines.append("  ".join("-" * w for w in widths))
@@ -468,10 +472,11 @@ def format_table(rows: Sequence[dict]) -> str:
     lines.append("  ".join("-" * w for w in widths))
     pc = percentiles(rows)
     for q in ("p50", "p90", "p99"):
-        cells = [f"{q:>{widths[0]}}"] + [_fmt(pc[k][q], w) for k, w in zip(keys, widths[1:])]
+        cells = [f"{q:>{widths[0]}}"] + [_fmt(pc[k][q] if k in pc else None, w) for k, w in zip(keys, widths[1:])]
         lines.append("  ".join(cells))
     lines.append("(ms; * speculative reply committed, ! barge-in, ~ no user speech before it (a greeting):"
-                 " its total is left out of the percentiles; — milestone missing; stages sum to total)")
+                 " its total is left out of the percentiles; — milestone missing; stages sum to total;"
+                 " tools: time in tool calls, inside the stages)")
     return "\n".join(lines)
 
 
@@ -493,6 +498,7 @@ def format_stages(stats: Sequence[dict], mem: dict[str, dict]) -> str:
 
 
 _COLORS = ("#8e6c8a", "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f")
+_TOOL_COLOR = "#edc948"
 
 
 def write_waterfalls(events: Iterable[Any], out_dir: str, rows: Sequence[dict] | None = None) -> list[str]:
@@ -532,7 +538,7 @@ def write_waterfalls(events: Iterable[Any], out_dir: str, rows: Sequence[dict] |
         ax.text(r["total_ms"], y, f" {r['total_ms']:.0f} ms", va="center", fontsize=8)
         labels.append("total")
         y += 1
-        stage_rows = [s for s in (Stage.VAD, Stage.ASR, Stage.LLM, Stage.TTS, Stage.TRANSPORT,
+        stage_rows = [s for s in (Stage.VAD, Stage.ASR, Stage.LLM, Stage.TOOL, Stage.TTS, Stage.TRANSPORT,
                                    Stage.CLIENT, Stage.SPECULATION)
                       if any(e.stage == s for e in tevs)]
         for s in stage_rows:
@@ -541,7 +547,10 @@ def write_waterfalls(events: Iterable[Any], out_dir: str, rows: Sequence[dict] |
                     continue
                 x = (e.ts_ns - t0) / 1e6
                 if e.ph == "X":
-                    ax.barh(y, max(e.dur_ns / 1e6, 0.5), left=x, color="#999999", height=0.5)
+                    ax.barh(y, max(e.dur_ns / 1e6, 0.5), left=x, color=_TOOL_COLOR if s == Stage.TOOL else "#999999",
+                            height=0.5)
+                    if s == Stage.TOOL:
+                        ax.text(x, y, f" {e.args.get('tool', '')} {e.dur_ns / 1e6:.0f} ms", va="center", fontsize=7)
                 else:
                     ax.plot([x], [y], marker="|", color="#333333", markersize=9)
             labels.append(f"[{s}]")

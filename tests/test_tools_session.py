@@ -419,3 +419,32 @@ async def test_a_small_models_answer_round_reads_results_inline_and_offers_no_to
     assert session.records[0].heard_text == "It is noon.", "the stray call was neither run nor said"
     assert [e.args["why"] for e in tracer.events() if e.name == Ev.TOOL_REFUSED] == ["the answer's round offers no tools"]
     assert [m["role"] for m in session.history] == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_tool_calls_are_a_stage_of_their_own_in_the_report_perfetto_and_otel(tmp_path):
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agent.trace_export import export_otlp, to_perfetto
+    from agent.trace_report import format_table, turn_table, write_waterfalls
+
+    @function_tool
+    async def slow_lookup(item: str) -> str:
+        """Slow."""
+        await asyncio.sleep(0.3)
+        return "found"
+
+    script = Script(["look up my parcel"], lambda user: [call("slow_lookup", item="parcel")])
+    session, wav, llm, tracer, _ = await converse(tmp_path, [turn(spoken())], script,
+                                                  Agent(tools=[slow_lookup], tool_policy=QUICK))
+    (row,) = turn_table(tracer.events())
+    assert row["tool_calls"] == 1 and 300 <= row["tools_ms"] < 1000
+    assert "tools" in format_table([row]).splitlines()[0]
+    (png,) = write_waterfalls(tracer.events(), str(tmp_path / "wf"))
+    assert png.endswith(".png")
+    doc = to_perfetto(tracer)
+    tracks = {e["args"]["name"] for e in doc["traceEvents"] if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    assert "tool" in tracks
+    exporter = InMemorySpanExporter()
+    export_otlp(tracer, span_exporter=exporter)
+    (span,) = [s for s in exporter.get_finished_spans() if s.attributes.get("gen_ai.operation.name") == "execute_tool"]
+    assert span.name == "execute_tool slow_lookup" and span.attributes["gen_ai.tool.name"] == "slow_lookup"
