@@ -473,7 +473,11 @@ class Reply:
         # thing the user waits for; later tokens have the first chunk's playout to arrive in.
         first_piece_done = asyncio.Event()
 
-        async def emit(piece: str) -> None:
+        filler: asyncio.Task | None = None  # says a filler if the answer is slow to come after a call
+
+        async def emit(piece: str, is_filler: bool = False) -> None:
+            if filler is not None and not is_filler:
+                filler.cancel()  # the answer has come: no filler (one already queued is said)
             self._said_words += len(piece.split())
             if waterfall:
                 held.append(piece)
@@ -543,7 +547,20 @@ class Reply:
                 tr.end(span, tokens=len(tokens), tool_calls=len(calls))
             return calls
 
+        async def say_filler() -> None:
+            await asyncio.sleep(self.tools.policy.filler_delay_s)
+            if (phrase := self.tools.filler()) is not None:
+                await emit(phrase, is_filler=True)
+
         async def think() -> None:
+            try:
+                await answer()
+            finally:
+                if filler is not None:
+                    filler.cancel()
+
+        async def answer() -> None:
+            nonlocal filler
             chunker = TextChunker(first_max_words=cfg.first_chunk_words)
             messages = self.messages
             if self._context is not None and self.fixed_text is None:
@@ -563,7 +580,10 @@ class Reply:
                                           if offer_tools else "the answer's round offers no tools")
                     break
                 await self.gate.wait()  # never speculative: a guess that is cancelled runs no tool
-                results = await self.tools.run(calls, lambda: self._said_words, emit)
+                # the filler covers the tools' time and the model's until its answer's first words
+                if filler is None or filler.done():
+                    filler = asyncio.create_task(say_filler(), name="filler")
+                results = await self.tools.run(calls, lambda: self._said_words)
                 messages = [*messages, assistant_calls("".join(tokens[before:]).strip(), calls), *results]
                 offer_tools = style.chains
                 if tokens and not tokens[-1].endswith(" "):

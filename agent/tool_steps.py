@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pydantic
@@ -72,10 +72,10 @@ class ReplyTools:
         for call in calls:
             self.tracer.instant(Stage.TOOL, Ev.TOOL_REFUSED, turn=self.turn, tool=call.name, why=why)
 
-    async def run(self, calls: list[ToolCall], said_words: Callable[[], int],
-                  say: Callable[[str], Awaitable[None]]) -> list[Message]:
-        """Run this round's calls; `say` speaks a filler if they take longer than the policy's
-        delay. Returns the tool messages for the model, in the order of the calls."""
+    async def run(self, calls: list[ToolCall], said_words: Callable[[], int]) -> list[Message]:
+        """Run this round's calls; returns the tool messages for the model, in the order of the
+        calls. `said_words`: the reply's words sent to the voice so far (where the round falls
+        in what is heard)."""
         step = ToolStep(calls, words_before=said_words())
         self.steps.append(step)
         tasks: dict[str, asyncio.Task] = {}
@@ -87,14 +87,7 @@ class ReplyTools:
                 self._runs[key] = asyncio.create_task(self._execute(call), name=f"tool-{call.name}")
             tasks[call.id] = self._runs[key]
         try:
-            _, pending = await asyncio.wait(set(tasks.values()), timeout=self.policy.filler_delay_s)
-            if pending and self.policy.filler_phrases:
-                phrase = self.policy.filler_phrases[self._fillers % len(self.policy.filler_phrases)]
-                self._fillers += 1
-                self.tracer.instant(Stage.TOOL, Ev.FILLER, turn=self.turn, text=phrase)
-                await say(phrase)
-            if pending:
-                await asyncio.wait(pending)
+            await asyncio.wait(set(tasks.values()))
         except asyncio.CancelledError:
             await self._cut(step, tasks)
             raise
@@ -102,6 +95,16 @@ class ReplyTools:
             step.words_before = said_words()
         step.results = {cid: task.result() for cid, task in tasks.items()}
         return [tool_result(call, step.results[call.id]) for call in calls]
+
+    def filler(self) -> str | None:
+        """The next filler phrase (they take turns), traced; None when the agent has none."""
+        phrases = self.policy.filler_phrases
+        if not phrases:
+            return None
+        phrase = phrases[self._fillers % len(phrases)]
+        self._fillers += 1
+        self.tracer.instant(Stage.TOOL, Ev.FILLER, turn=self.turn, text=phrase)
+        return phrase
 
     async def _cut(self, step: ToolStep, tasks: dict[str, asyncio.Task]) -> None:
         """The reply is cancelled mid-round: interruptible calls stop, the others go on."""
