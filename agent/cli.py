@@ -319,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         return _delegate("agent.trace_report", argv[2:])
     if argv[:2] == ["bench", "latency"]:
         return _delegate("agent.bench_latency", argv[2:])
+    if argv[:2] == ["bench", "tools"]:
+        return _delegate("agent.bench_tools", argv[2:])
     if argv[:2] == ["bench", "turns"]:
         return _delegate("agent.bench_turns", argv[2:])
     if argv[:2] == ["bench", "pipecat"]:

@@ -129,6 +129,7 @@ class LlamaCppChat:
 
         # how it reads its tools' results (llm/tool_results.py): small models only as notes
         self.tool_results = for_size(llama_cpp.llama_model_n_params(self._llm.model))
+        self._formatter = _template_formatter(self._llm)
 
     def _generate(self, messages: list[Message], max_tokens: int, stop: threading.Event, tools: list[dict] | None):
         with self._lock:
@@ -157,13 +158,35 @@ class LlamaCppChat:
 
     def _warm(self, messages: list[Message], stop: ReadAheadStop | None, tools: list[dict] | None) -> None:
         # llama.cpp reuses the longest common prefix of its evaluated tokens with the next
-        # prompt; one generated token is the cheapest way to get the prefix evaluated.
+        # prompt; one generated token is the cheapest way to get the prefix evaluated. A long
+        # prompt (the tools' descriptions: ~300 tokens) goes in pieces, so that a stop keeps
+        # the pieces done instead of dropping one whole batch (a read-ahead is stopped as soon
+        # as the user stops speaking, often a second or two into it).
         with self._lock:
             if stop is not None and stop.is_set():
                 return
+            tokens = self._prompt_tokens(messages, tools)
             with stoppable(self._llm, stop):
-                self._llm.create_chat_completion(messages=template_messages(messages), max_tokens=1, temperature=0.0,
-                                                 **({"tools": tools} if tools else {}))
+                if tokens is None:
+                    self._llm.create_chat_completion(messages=template_messages(messages), max_tokens=1,
+                                                     temperature=0.0, **({"tools": tools} if tools else {}))
+                    return
+                for end in range(WARM_PIECE, len(tokens) + WARM_PIECE, WARM_PIECE):
+                    if stop is not None and stop.is_set():
+                        return
+                    steps = self._llm.generate(tokens[:end], temp=0.0)
+                    try:
+                        next(steps)
+                    finally:
+                        steps.close()
+
+    def _prompt_tokens(self, messages: list[Message], tools: list[dict] | None) -> list[int] | None:
+        """The prompt's tokens exactly as create_chat_completion makes them with the GGUF's own
+        template (None for a model whose format llama-cpp-python picks by name)."""
+        if self._formatter is None:
+            return None
+        prompt = self._formatter(messages=template_messages(messages), **({"tools": tools} if tools else {})).prompt
+        return self._llm.tokenize(prompt.encode("utf-8"), special=True)
 
     def stream(self, messages: list[Message], max_tokens: int | None = None,
                tools: list[dict] | None = None) -> AsyncIterator[str]:
@@ -174,4 +197,21 @@ class LlamaCppChat:
         n = max_tokens or self.max_tokens
         return iterate_in_thread(lambda stop: self._generate(messages, n, stop, tools), maxsize=2, on_demand=True,
                                  executor=self._thread)
+
+
+WARM_PIECE = 64  # tokens a read-ahead evaluates at a time
+
+
+def _template_formatter(llm):
+    """The GGUF's chat template as llama-cpp-python renders it for create_chat_completion
+    ("chat_template.default"), or None when it uses a format of its own."""
+    if llm.chat_format != "chat_template.default" or "tokenizer.chat_template" not in llm.metadata:
+        return None
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    def text(token: int) -> str:
+        return llm._model.token_get_text(token) if token != -1 else ""
+
+    return Jinja2ChatFormatter(template=llm.metadata["tokenizer.chat_template"], eos_token=text(llm.token_eos()),
+                               bos_token=text(llm.token_bos()), stop_token_ids=[llm.token_eos()])
 
