@@ -17,7 +17,7 @@ _EXPORTS = {
     "UserTurnFinal": "agent.session_events", "ReplyStarted": "agent.session_events",
     "ReplyFinished": "agent.session_events", "ToolCallStarted": "agent.session_events",
     "ToolCallFinished": "agent.session_events", "BargeIn": "agent.session_events",
-    "SessionEnded": "agent.session_events",
+    "SessionEnded": "agent.session_events", "DtmfReceived": "agent.session_events",
 }
 __all__ = list(_EXPORTS)
 

@@ -25,7 +25,7 @@ from agent.records import TurnLog, TurnRecord
 from agent.replies import Replies
 from agent.reply import Reply
 from agent.session_events import (
-    BargeIn, EventBus, ReplyFinished, ReplyStarted, SessionEnded, UserTurnFinal)
+    BargeIn, DtmfReceived, EventBus, ReplyFinished, ReplyStarted, SessionEnded, UserTurnFinal)
 from agent.tool_steps import ReplyTools
 from agent.voice_agent import Agent
 from agent.trace import Ev, NullTracer, Stage, Tracer
@@ -299,6 +299,8 @@ class Session:
                             turn=len(self.records) - 1, ts_ns=ts, chunk=ev.chunk_id)
 
     def _on_client_event(self, ev: ClientEvent) -> None:
+        if ev.kind == "dtmf" and isinstance(ev.data.get("digit"), str):
+            self.events.emit(DtmfReceived(ev.data["digit"]))
         if ev.kind == "metrics":
             turn, m2e = ev.data.get("turn"), ev.data.get("mouth_to_ear_ms")
             if isinstance(turn, int) and turn in self.records and isinstance(m2e, (int, float)):

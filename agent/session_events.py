@@ -68,6 +68,13 @@ class BargeIn:
 
 
 @dataclass(frozen=True)
+class DtmfReceived:
+    """The caller pressed a key (phone transports that carry DTMF: Twilio, Telnyx, Vonage, AudioSocket)."""
+
+    digit: str
+
+
+@dataclass(frozen=True)
 class SessionEnded:
     reason: str
     records: tuple = ()  # agent.records.TurnRecord, the turns kept

@@ -1,8 +1,4 @@
-"""A voice agent with two tools, the way integrators write one.
-
-    duplex serve --agent examples/weather_agent.py:agent     # in the browser
-    duplex run --agent examples/weather_agent.py:agent --input question.wav --output reply.wav
-"""
+"""A voice agent with two tools: duplex run|serve|talk --agent examples/weather_agent.py:agent"""
 from agent import Agent, function_tool
 from agent.call_control import end_call
 

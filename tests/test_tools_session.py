@@ -471,3 +471,53 @@ async def test_tool_calls_are_a_stage_of_their_own_in_the_report_perfetto_and_ot
     export_otlp(tracer, span_exporter=exporter)
     (span,) = [s for s in exporter.get_finished_spans() if s.attributes.get("gen_ai.operation.name") == "execute_tool"]
     assert span.name == "execute_tool slow_lookup" and span.attributes["gen_ai.tool.name"] == "slow_lookup"
+
+
+async def test_say_and_generate_reply_speak_when_the_floor_is_free_and_events_tell_a_program(tmp_path):
+    from agent.session_events import DtmfReceived, ReplyStarted, SessionEnded
+    from transport.base import ClientEvent
+
+    class Host(Agent):
+        async def on_enter(self, session):
+            async def greet() -> None:
+                await session.generate_reply(instructions="Greet the caller by name: Anna.")
+                await session.say("How can I help?")
+
+            asyncio.create_task(greet())
+
+    def answer(messages, tools):
+        return said("Hello Anna.") if "Anna" in messages[0]["content"] else said("Hm.")
+
+    class KeyPress:
+        """The far end presses 5 once its first audio frame is sent (the WAV far end plays the rest)."""
+
+        def __init__(self, inner):
+            self.inner, self.pressed = inner, False
+            self.reports_playout = inner.reports_playout
+
+        async def receive(self):
+            if not self.pressed:
+                self.pressed = True
+                return ClientEvent("dtmf", {"digit": "5"})
+            return await self.inner.receive()
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    wav = WavConversationTransport([turn(np.zeros(int(4.0 * RATE), np.float32))], RATE, str(tmp_path / "out.wav"),
+                                   gap_s=0.3, reply_timeout_s=8.0)
+    llm = ToolScriptLLM(answer)
+    models = Models(asr=ScriptedRecognizer([]), llm=llm, tts=ToneVoice(), vad_factory=EnergyVAD)
+    session = Session(models, KeyPress(wav), config(speculate=False), agent=Host())
+    seen = []
+    for kind in (DtmfReceived, ReplyStarted, SessionEnded):
+        session.on(kind, seen.append)
+    await asyncio.wait_for(session.run(), timeout=30)
+    wav.close()
+    assert [r.reply_text for r in session.records] == ["Hello Anna.", "How can I help?"]
+    assert llm.requests[0][0]["content"].endswith("Greet the caller by name: Anna.")
+    assert session.history == [{"role": "assistant", "content": "Hello Anna."},
+                               {"role": "assistant", "content": "How can I help?"}]
+    assert seen[0] == DtmfReceived("5")
+    assert [type(e).__name__ for e in seen[1:]] == ["ReplyStarted", "ReplyStarted", "SessionEnded"]
+    assert len(seen[-1].records) == 2
