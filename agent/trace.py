@@ -16,7 +16,7 @@ them):
 ``turn``
     ``user_speech_start``, ``user_speech_end`` (``ts_ns`` may be given
     explicitly, e.g. the exact end taken from an input file), ``endpoint``
-    (end of turn decided), ``barge_in``, ``turn_end``.
+    (end of turn decided), ``barge_in``, ``turn_end``, ``call_end`` (the agent ended the call).
 ``asr``
     ``partial`` (``text=``), ``final`` (``text=``); recognizer steps may be
     spans (``audio_s=`` seconds of audio they covered).
@@ -42,6 +42,9 @@ them):
 ``memory``
     counters ``rss_mb``, ``gpu_mb``, ``gpu_reserved_mb`` (see
     :mod:`agent.profiling`).
+``tool``
+    span ``tool_call`` (``tool``, ``arguments``; at its end ``status``,
+    ``result``); ``filler``, ``tool_refused`` (``why``), ``tool_reused``.
 
 The names are constants: :class:`Stage` for the stages, :class:`Ev` for the
 event names; writers and readers (``agent.trace_report``,

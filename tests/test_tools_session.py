@@ -13,25 +13,16 @@ import numpy as np
 
 from agent import Agent, ToolPolicy, function_tool
 from agent.call_control import end_call
-from agent.session import Models, Session, SessionConfig
+from agent.session import Models, Session
 from agent.session_events import BargeIn, ReplyFinished, ToolCallFinished, ToolCallStarted, UserTurnFinal
 from agent.trace import Ev, Stage, Tracer
 from doubles import EnergyVAD, ScriptedRecognizer, ToneVoice, ToolScriptLLM, burst, said
 from llm.base import ToolCall
-from transport.wavfile import ScriptedTurn, WavConversationTransport
+from test_session_orchestration import config, turn
+from transport.wavfile import WavConversationTransport
 
 RATE = 16000
 QUICK = ToolPolicy(filler_delay_s=5.0)  # no filler unless a test wants one
-
-
-def config(**kw) -> SessionConfig:
-    cfg = SessionConfig(**kw)
-    cfg.turns.use_eou = False  # silence alone ends turns (0.5 s)
-    return cfg
-
-
-def turn(pcm: np.ndarray, after: float | None = None) -> ScriptedTurn:
-    return ScriptedTurn(pcm, RATE, "burst", start_after_s=after)
 
 
 def spoken(seconds: float = 0.8, seed: int = 0) -> np.ndarray:

@@ -154,7 +154,7 @@ def test_stage_names_documented():
 
     for s in STAGES:
         assert f"``{s}``" in mod.__doc__
-    assert len(set(STAGES)) == 10
+    assert len(set(STAGES)) == 11
 
 
 def test_concurrent_writers_lose_nothing(tmp_path):
