@@ -23,12 +23,55 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("DUPLEX_CACHE", Path.home() / ".cache" / "duplex"))
 
 
+_verified: dict[Path, tuple[int, int]] = {}  # cache files checked in this process: (size, mtime_ns)
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _cached(out: Path) -> bool:
+    """Whether `out` is a cache file we made, unchanged since: its SHA-256 must equal the one
+    recorded beside it when it was made (llama.cpp parses it in native code, so a file swapped
+    or cut in the cache is made again, never loaded). Checked once a process while unchanged."""
+    if not out.exists():
+        return False
+    st = out.stat()
+    if _verified.get(out) == (st.st_size, st.st_mtime_ns):
+        return True
+    sidecar = out.with_name(out.name + ".sha256")
+    recorded = sidecar.read_text().strip() if sidecar.exists() else None
+    if recorded is not None and recorded == _digest(out):
+        _verified[out] = (st.st_size, st.st_mtime_ns)
+        return True
+    import logging
+
+    logging.getLogger("duplex.llm").warning("cached model %s does not match the digest recorded when it was made: "
+                                            "making it again", out)
+    out.unlink(missing_ok=True)
+    return False
+
+
+def _keep(tmp: Path, out: Path) -> Path:
+    """Move a file just made into the cache, with its digest beside it."""
+    digest = _digest(tmp)
+    out.with_name(out.name + ".sha256").write_text(digest + "\n")
+    tmp.replace(out)
+    st = out.stat()
+    _verified[out] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
 def _joined(parts: list[Path], name: str) -> Path:
     """Concatenate parts, in order, into a cache file once; reuse it while the parts are unchanged."""
     key = hashlib.sha256("|".join(f"{p}:{p.stat().st_size}" for p in parts).encode()).hexdigest()[:12]
     cache = _cache_dir()
     out = cache / f"{name}-{key}.gguf"
-    if out.exists() and out.stat().st_size == sum(p.stat().st_size for p in parts):
+    if _cached(out):
         return out
     cache.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}")
@@ -37,8 +80,7 @@ def _joined(parts: list[Path], name: str) -> Path:
             with open(p, "rb") as src:
                 while chunk := src.read(1 << 22):
                     f.write(chunk)
-    tmp.replace(out)
-    return out
+    return _keep(tmp, out)
 
 
 def qwen25_coder_05b() -> Path:
@@ -59,7 +101,7 @@ def _requantized(source: Path, name: str, ftype_name: str) -> Path:
     key = hashlib.sha256(f"{source}:{source.stat().st_size}:{ftype_name}".encode()).hexdigest()[:12]
     cache = _cache_dir()
     out = cache / f"{name}-{key}.gguf"
-    if out.exists():
+    if _cached(out):
         return out
     import ctypes
     import logging
@@ -78,8 +120,7 @@ def _requantized(source: Path, name: str, ftype_name: str) -> Path:
     if lib.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
         tmp.unlink(missing_ok=True)
         raise RuntimeError(f"llama.cpp could not requantize {source} to {ftype_name}")
-    tmp.replace(out)
-    return out
+    return _keep(tmp, out)
 
 
 def qwen25_coder_05b_q4_0() -> Path:
