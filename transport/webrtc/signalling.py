@@ -137,7 +137,9 @@ class WebRTCOffers:
         finally:
             if not owned:
                 self.admission.leave()  # at once, before anything else can be interrupted
-                log.warning("webrtc offer: slot released, peer connection closed: %s", why)
+                # a bad offer is the caller's business (info, as before); a timeout or a cancel is ours
+                log.log(logging.INFO if why.startswith("cannot answer") else logging.WARNING,
+                        "webrtc offer: slot released, peer connection closed: %s", why)
                 if pc is not None:
                     await self._close_unowned(pc, transport)
 
