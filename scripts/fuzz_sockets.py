@@ -1,10 +1,18 @@
 #!/usr/bin/env python
 """Fuzz a running `duplex serve` over real sockets: random and mutated messages against every
-WebSocket route (/ws, /twilio, /telnyx, /plivo, /exotel, /vonage) and the AudioSocket port,
-while normal browser conversations run alongside and afterwards.
+WebSocket route (/ws, /twilio, /telnyx, /plivo, /exotel, /vonage), the AudioSocket port, the
+WebRTC offer (POST) and config (GET) and the WebRTC data channel (aiortc peers on loopback),
+while normal browser conversations run alongside and afterwards; and peers that hold on: pages
+that say hello and then nothing (the server's idle timeout must end them), upgrades sent a byte
+a second (its open timeout must drop them), and the cap + 4 pages at once (the rest get 503).
 
-    python scripts/fuzz_sockets.py --host 127.0.0.1 --port 8080 --audiosocket-port 9092 --messages 10000
+    python scripts/fuzz_sockets.py --host 127.0.0.1 --port 8080 --audiosocket-port 9092 --messages 10000 \
+        --token T [--twilio-auth-token T --plivo-auth-token T --vonage-signature-secret S]
     python scripts/fuzz_sockets.py --self-serve --messages 10000   # a server with test doubles, in a child
+
+The server's guards are on: the self-served one has the token and every carrier's secret, and
+the fuzzer presents them (a fresh Plivo nonce and Vonage JWT per connection), so its messages
+reach the sessions; `--no-guards` serves without them.
 
 Each route gets `--messages` messages, spread over connections of a few to a few hundred
 messages each; a connection ends with a close handshake, a dropped TCP connection (no close), or
@@ -17,9 +25,11 @@ Before a connection is closed cleanly it must still answer: a WebSocket ping (an
 `ping` message), or for AudioSocket a hangup frame answered by the server's hangup and EOF. A
 send or an answer that waits longer than `--hang-timeout` counts as hung.
 
-Exit status: 0 when every route answered throughout, no connection hung, every normal
-conversation got a final transcript and reply audio, the server still answers /healthz and every
-route afterwards (and with --self-serve or --server-log, its log has no traceback); else 1.
+Exit status: 0 when every route answered throughout, no connection or request hung, every
+normal conversation got a final transcript and reply audio, every idle page and slow upgrade was
+ended by the server, no more pages than the cap opened, the server still answers /healthz and
+every route afterwards, /readyz is 200 and duplex_sessions_active 0 (every slot free), and (with
+--self-serve or --server-log) its log has no traceback; else 1.
 Everything is bounded: messages per route, per-send and per-answer timeouts, `--max-seconds`.
 """
 from __future__ import annotations
@@ -28,6 +38,9 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import dataclasses
+import hashlib
+import hmac
 import json
 import os
 import random
@@ -109,6 +122,9 @@ class Report:
     seconds: float = 0.0
     server_log_crashes: list[str] = field(default_factory=list)
     server_exit: int | None = None  # a self-served server that exited
+    holders: Holders | None = None  # idle, slow and over-the-cap peers, when they ran
+    readyz_after: int | None = None  # /readyz's status once everything had ended
+    sessions_after: float | None = None  # duplex_sessions_active then
 
     @property
     def failures(self) -> list[str]:
@@ -129,6 +145,17 @@ class Report:
         if not self.healthz_after:
             out.append("/healthz did not answer 200 after the fuzzing")
         out += [f"{route} after the fuzzing: {why}" for route, why in self.routes_after.items() if why != "ok"]
+        if self.holders is not None:
+            h = self.holders
+            out += h.problems
+            if h.idle_ended_by_server < h.idle_sent:
+                out.append(f"idle pages: {h.idle_sent - h.idle_ended_by_server} of {h.idle_sent} not ended by the server")
+            if h.slow_closed_by_server < h.slow_sent:
+                out.append(f"slow upgrades: {h.slow_sent - h.slow_closed_by_server} of {h.slow_sent} not dropped")
+        if self.readyz_after not in (None, 200):
+            out.append(f"/readyz answered {self.readyz_after} after the fuzzing (a slot still taken?)")
+        if self.sessions_after not in (None, 0):
+            out.append(f"duplex_sessions_active was {self.sessions_after} after the fuzzing")
         if self.deadline_hit:
             out.append("--max-seconds ran out before every message was sent")
         out += [f"server log: {line}" for line in self.server_log_crashes[:5]]
@@ -140,7 +167,8 @@ class Report:
         return {"seconds": round(self.seconds, 1), "routes": [r.summary() for r in self.routes.values()],
                 "conversations": [c.__dict__ for c in self.conversations], "healthz_after": self.healthz_after,
                 "routes_after": self.routes_after, "server_log_crashes": self.server_log_crashes[:20],
-                "failures": self.failures}
+                "holders": self.holders.summary() if self.holders else None, "readyz_after": self.readyz_after,
+                "sessions_after": self.sessions_after, "failures": self.failures}
 
     def table(self) -> str:
         rows = [f"{'route':<12} {'sent':>6} {'conns':>5} {'live':>5} {'hung':>4}  server answered"]
@@ -163,6 +191,9 @@ class Report:
             rows.append(f"conversation {c.when:<6} {'ok  ' if c.ok else 'FAIL'} {c.seconds:5.1f} s  "
                         f"final={c.final!r} audio_frames={c.audio_frames} {c.why}")
         rows.append(f"/healthz after: {'200' if self.healthz_after else 'FAILED'}; routes after: {self.routes_after}")
+        if self.holders is not None:
+            rows.append(f"holders: {self.holders.summary()}")
+        rows.append(f"/readyz after: {self.readyz_after}; duplex_sessions_active after: {self.sessions_after}")
         if self.server_log_crashes:
             rows.append(f"server log: {len(self.server_log_crashes)} crash line(s), first: {self.server_log_crashes[0]}")
         return "\n".join(rows)
@@ -362,7 +393,8 @@ class Source:
         if r < 0.85 and (s := self.special()) is not None:
             return s
         if r < 0.855:
-            return "oversize", rng.choice([b"\x00" * (1 << 20) + b"\x00", "x" * ((1 << 20) + 1)])  # over max_size
+            return "oversize", rng.choice([b"\x00" * (64 * 1024 + 1), b"\x00" * (1 << 20) + b"\x00",
+                                           "x" * ((1 << 20) + 1)])  # over the server's max_size (64 KiB)
         return random_message(rng)
 
 
@@ -610,15 +642,71 @@ class FrameMirror:
 
 # ---- connections ----------------------------------------------------------------------------------
 @dataclass
+class Secrets:
+    """What the server checks on each upgrade (its guards); the fuzzer presents them, so that its
+    messages reach the sessions. The self-served server is given these."""
+
+    token: str | None = None
+    twilio: str | None = None
+    plivo: str | None = None
+    vonage: str | None = None
+
+
+GUARDED = Secrets(token="fuzz-token-0123456789", twilio="fuzz-twilio-auth-token-0123456789",
+                  plivo="fuzz-plivo-auth-token", vonage="fuzz-vonage-signature-secret-0123456789")
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def vonage_jwt(secret: str) -> str:
+    """A Vonage-style HS256 JWT, fresh (its own jti, issued now)."""
+    head = _b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    claims = _b64url(json.dumps({"iat": int(time.time()), "jti": str(uuid.uuid4()), "iss": "Vonage"}).encode())
+    sig = hmac.new(secret.encode(), f"{head}.{claims}".encode(), hashlib.sha256).digest()
+    return f"{head}.{claims}.{_b64url(sig)}"
+
+
+@dataclass
 class Target:
     host: str
     port: int
     audiosocket_port: int | None
     token: str | None = None
+    secrets: Secrets = field(default_factory=Secrets)
+    max_sessions: int = 16  # the server's cap, for the over-the-cap peers
+
+    def __post_init__(self):
+        if self.token and not self.secrets.token:
+            self.secrets = dataclasses.replace(self.secrets, token=self.token)
+
+    @property
+    def base(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _signed_by_carrier(self, path: str) -> str | None:
+        return {"/twilio": self.secrets.twilio, "/plivo": self.secrets.plivo, "/vonage": self.secrets.vonage}.get(path)
 
     def url(self, path: str) -> str:
-        q = f"?token={self.token}" if self.token and path == "/ws" else ""
+        token = self.secrets.token
+        q = f"?token={token}" if token and not self._signed_by_carrier(path) else ""
         return f"ws://{self.host}:{self.port}{path}{q}"
+
+    def headers(self, path: str) -> dict[str, str]:
+        """The carrier's signature on this upgrade (fresh: a nonce or JWT of its own), if it signs."""
+        from transport.telephony.signatures import plivo_signature, twilio_signature
+
+        secret = self._signed_by_carrier(path)
+        if secret is None:
+            return {}
+        signed = f"wss://{self.host}:{self.port}{path}"  # what a carrier signs: the wss:// URL + Host
+        if path == "/twilio":
+            return {"X-Twilio-Signature": twilio_signature(secret, signed)}
+        if path == "/plivo":
+            nonce = uuid.uuid4().hex
+            return {"X-Plivo-Signature-V3": plivo_signature(secret, signed, nonce), "X-Plivo-Signature-V3-Nonce": nonce}
+        return {"Authorization": f"Bearer {vonage_jwt(secret)}"}
 
 
 def source_for(route: str, rng: random.Random):
@@ -636,8 +724,9 @@ async def _open_ws(target: Target, route: str, stats: RouteStats, timeout: float
     we just dropped are still being torn down); None if it never opened."""
     for attempt in range(20):
         try:
-            return await asyncio.wait_for(connect(target.url(route), max_size=None, open_timeout=timeout,
-                                                  ping_interval=None, close_timeout=5), timeout + 1)
+            return await asyncio.wait_for(connect(target.url(route), additional_headers=target.headers(route),
+                                                  max_size=None, open_timeout=timeout, ping_interval=None,
+                                                  close_timeout=5), timeout + 1)
         except InvalidStatus as e:
             stats.refused[e.response.status_code] += 1
             if e.response.status_code != 503:
@@ -867,6 +956,339 @@ async def fuzz_route(target: Target, route: str, messages: int, seed: int, stats
     return True
 
 
+# ---- HTTP: the WebRTC offer (POST) and config (GET) --------------------------------------------------
+OFFER, CONFIG = "/webrtc/offer", "/webrtc/config"
+HTTP_ROUTES = [OFFER, CONFIG]
+DATACHANNEL = "datachannel"
+HTTP_WORKERS = 32  # requests in flight per HTTP route
+SAMPLE_SDP = ("v=0\r\no=- 1 2 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0\r\n"
+              "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=mid:0\r\na=sendrecv\r\n"
+              "a=rtpmap:111 opus/48000/2\r\na=ice-ufrag:abcd\r\na=ice-pwd:0123456789abcdef012345\r\n"
+              "a=fingerprint:sha-256 " + ":".join(["AB"] * 32) + "\r\na=setup:actpass\r\n")
+
+
+class HttpSource:
+    """Whole HTTP requests for one of the WebRTC routes: well-formed ones with bad bodies and
+    mutated offers, and malformed heads (lengths, methods, encodings, duplicated headers)."""
+
+    def __init__(self, rng: random.Random, target: Target, path: str):
+        self.rng, self.target, self.path = rng, target, path
+
+    def _head(self, method: str, path: str, headers: list[tuple[str, str]]) -> bytes:
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {self.target.host}:{self.target.port}"]
+        lines += [f"{k}: {v}" for k, v in headers]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogatepass")
+
+    def next(self) -> tuple[str, bytes]:
+        rng, token = self.rng, self.target.secrets.token
+        path = self.path + (f"?token={token}" if token and rng.random() < 0.85 else "")
+        if self.path == CONFIG:
+            r = rng.random()
+            if r < 0.5:
+                return "valid", self._head("GET", path, [])
+            if r < 0.7:
+                junk = "".join(rng.choice("abc=&%?/\x00\u2603") for _ in range(rng.randint(0, 60)))
+                return "mutated", self._head("GET", f"{self.path}?{junk}", [])
+            if r < 0.8:
+                return "mutated", self._head(rng.choice(["POST", "PUT", "DELETE", "OPTIONS", "GETT"]), path,
+                                             [("Content-Length", "0")])
+            if r < 0.9:
+                return "mutated", self._head("GET", path, [("Origin", rng.choice(
+                    ["http://evil.example", "null", f"http://{self.target.host}:{self.target.port}"]))])
+            return "random_bytes", rng.randbytes(rng.randint(1, 400))
+        offer = {"sdp": SAMPLE_SDP, "type": "offer"}
+        r = rng.random()
+        if r < 0.3:
+            kind, body = "valid", json.dumps(offer).encode()
+        elif r < 0.6:
+            _, text = mutate_json(rng, offer, ("offer", "answer", "pranswer"))
+            kind, body = "mutated", text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+        elif r < 0.7:
+            sdp = mutate_bytes(rng, SAMPLE_SDP.encode()).decode("latin-1")
+            kind, body = "mutated", json.dumps({"sdp": sdp, "type": "offer"}).encode()
+        else:
+            kind, body = "random_bytes", rng.randbytes(rng.choice([0, 1, 100, 4096, 65536, 70000]))
+        headers = [("Content-Type", rng.choice(["application/json"] * 6 + ["text/plain", "application/json; x=y", ""]))]
+        q = rng.random()
+        if q < 0.75:
+            headers.append(("Content-Length", str(len(body))))
+        elif q < 0.8:
+            headers.append(("Content-Length", rng.choice(["9" * rng.randint(16, 5000), "-1", "12abc", "0x10", ""])))
+        elif q < 0.85:
+            headers += [("Content-Length", str(len(body))), ("Content-Length", str(len(body) + 1))]
+        elif q < 0.9:
+            headers.append(("Transfer-Encoding", "chunked"))
+            body = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+        elif q < 0.95:
+            headers.append(("Content-Length", str(len(body) + rng.randint(1, 50))))  # a body that never comes
+        else:
+            headers.append(("Origin", "http://evil.example"))
+            headers.append(("Content-Length", str(len(body))))
+        return kind, self._head("POST", path, headers) + body
+
+
+async def http_exchange(target: Target, raw: bytes, hang_s: float) -> str:
+    """Send one request on a connection of its own: the answer's status, or how it ended."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(target.host, target.port), hang_s)
+    try:
+        writer.write(raw)
+        with contextlib.suppress(ConnectionError, OSError):
+            await asyncio.wait_for(writer.drain(), hang_s)
+        line = await asyncio.wait_for(reader.readline(), hang_s)
+        if not line:
+            return "eof"
+        parts = line.split()
+        status = parts[1].decode("ascii", "replace") if len(parts) > 1 else "garbled"
+        with contextlib.suppress(ConnectionError, OSError, TimeoutError):  # the rest, bounded
+            await asyncio.wait_for(reader.read(1 << 20), hang_s)
+        return status
+    except ConnectionError:
+        return "reset"
+    finally:
+        writer.transport.abort()
+
+
+async def fuzz_http(target: Target, path: str, messages: int, seed: int, stats: RouteStats, hang_s: float,
+                    deadline: float) -> bool:
+    """`messages` requests to `path`, HTTP_WORKERS at a time; a request left unanswered for
+    `hang_s` is a hang ("a body that never comes" is answered when websockets' open_timeout ends
+    it, 10 s)."""
+    src = HttpSource(random.Random(f"{seed}:{path}"), target, path)
+
+    async def one() -> None:
+        kind, raw = src.next()
+        stats.sent += 1
+        stats.kinds[kind] += 1
+        stats.connections += 1
+        try:
+            stats.answers[f"HTTP {await http_exchange(target, raw, hang_s)}"] += 1
+        except TimeoutError:
+            stats.hung.append(f"{path}: no answer within {hang_s:.0f} s to a {kind} request")
+        except OSError as e:
+            stats.connect_failures.append(f"{type(e).__name__}: {e}")
+
+    async def worker() -> bool:  # a slow request holds up its own worker only
+        while stats.sent < messages:
+            if time.monotonic() > deadline:
+                return False
+            await one()
+        return True
+
+    return all(await asyncio.gather(*(worker() for _ in range(HTTP_WORKERS))))
+
+
+# ---- the WebRTC data channel ----------------------------------------------------------------------
+async def fuzz_datachannel(target: Target, messages: int, seed: int, stats: RouteStats, hang_s: float,
+                           deadline: float) -> bool:
+    """The page's messages, mutated and random, over the data channel of real aiortc peers (on
+    loopback), a few hundred a connection; each connection must still answer a ping at its end."""
+    from transport.webrtc.client import connect as webrtc_connect
+
+    src = PageSource(random.Random(f"{seed}:{DATACHANNEL}"))
+    failures = full = 0
+    while stats.sent < messages:
+        if time.monotonic() > deadline:
+            return False
+        budget = min(messages - stats.sent, src.rng.choice([50, 200, 500, 1000]), max(5, messages // 4))
+        try:
+            peer = await asyncio.wait_for(webrtc_connect(target.base, None, ice_hosts=("127.0.0.1",),
+                                                         token=target.secrets.token), hang_s)
+        except RuntimeError as e:
+            if "offer refused: 503" in str(e) and full < 100:  # full for now (idle pages, the cap test)
+                stats.refused[503] += 1
+                full += 1
+                await asyncio.sleep(0.25)
+                continue
+            stats.connect_failures.append(f"{type(e).__name__}: {str(e)[:200]}")
+            failures += 1
+            if failures >= 5:
+                return True
+            continue
+        except (TimeoutError, OSError) as e:
+            stats.connect_failures.append(f"{type(e).__name__}: {str(e)[:200]}")
+            failures += 1
+            if failures >= 5:
+                return True
+            await asyncio.sleep(1.0)
+            continue
+        stats.connections += 1
+        try:
+            opened = time.monotonic() + hang_s
+            while peer.channel.readyState != "open" and time.monotonic() < opened:
+                await asyncio.sleep(0.02)
+            if peer.channel.readyState != "open":
+                stats.hung.append("datachannel: the channel did not open")
+                continue
+            ended = False
+            for _ in range(budget):
+                kind, msg = src.next()
+                if len(msg) > 60000:
+                    msg = msg[:60000]  # SCTP's message size: what a page can send
+                drained = time.monotonic() + hang_s
+                while peer.channel.bufferedAmount > 256 * 1024 and time.monotonic() < drained:
+                    await asyncio.sleep(0.01)  # our own queue stays bounded
+                if peer.channel.readyState != "open" or peer.pc.connectionState != "connected":
+                    ended = True  # the server ended the conversation (its idle timeout, say)
+                    break
+                if peer.channel.bufferedAmount > 256 * 1024:
+                    stats.hung.append(f"datachannel: the server read nothing for {hang_s:.0f} s")
+                    ended = True
+                    break
+                peer.channel.send(msg)
+                stats.sent += 1
+                stats.kinds[kind] += 1
+                if stats.sent % 64 == 0:
+                    await asyncio.sleep(0)
+            if ended:
+                stats.endings["closed_by_server"] += 1
+                stats.server_closes[peer.pc.connectionState] += 1
+                continue
+            before = sum(1 for e in peer.events if e.get("type") == "pong")
+            peer.channel.send(json.dumps({"type": "ping", "t": 1.0}))
+            answered = time.monotonic() + hang_s
+            while time.monotonic() < answered and sum(1 for e in peer.events if e.get("type") == "pong") == before:
+                if peer.pc.connectionState in ("failed", "closed"):
+                    break
+                await asyncio.sleep(0.02)
+            for e in peer.events:
+                stats.answers[str(e.get("type"))] += 1
+                if e.get("type") == "error":
+                    stats.errors[str(e.get("code"))] += 1
+            if sum(1 for e in peer.events if e.get("type") == "pong") > before:
+                stats.liveness_ok += 1
+                stats.endings["close"] += 1
+            elif peer.pc.connectionState in ("failed", "closed"):
+                stats.server_closes[peer.pc.connectionState] += 1
+            else:
+                stats.hung.append(f"datachannel: no pong within {hang_s:.0f} s after {budget} messages")
+        finally:
+            await peer.close()
+    return True
+
+
+# ---- peers that hold on: idle, slow, more than the cap -----------------------------------------------
+@dataclass
+class Holders:
+    idle_sent: int = 0
+    idle_ended_by_server: int = 0
+    idle_codes: Counter = field(default_factory=Counter)
+    slow_sent: int = 0
+    slow_closed_by_server: int = 0
+    over_cap_tried: int = 0
+    over_cap_opened: int = 0
+    over_cap_refused: Counter = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {k: (dict(v) if isinstance(v, Counter) else v) for k, v in self.__dict__.items()}
+
+
+async def idle_peer(target: Target, holders: Holders, wait_s: float) -> None:
+    """A page that says hello and then nothing: the server must end it (its idle timeout)."""
+    for attempt in range(40):  # while the fuzzing fills the server, wait for a slot
+        try:
+            ws = await connect(target.url("/ws"), open_timeout=10, ping_interval=None)
+            break
+        except InvalidStatus as e:
+            if e.response.status_code != 503:
+                holders.problems.append(f"an idle page was refused with {e.response.status_code}")
+                return
+            await asyncio.sleep(0.25)
+    else:
+        holders.problems.append("an idle page found the server full 40 times")
+        return
+    holders.idle_sent += 1
+    try:
+        await ws.send(json.dumps({"type": "hello", "sample_rate": 16000}))
+        async with asyncio.timeout(wait_s):
+            async for msg in ws:
+                if isinstance(msg, str) and (ev := json.loads(msg)).get("type") == "error":
+                    holders.idle_codes[str(ev.get("code"))] += 1
+        holders.idle_ended_by_server += 1
+    except TimeoutError:
+        holders.problems.append(f"an idle page was still open after {wait_s:.0f} s")
+    except ConnectionClosed:
+        holders.idle_ended_by_server += 1
+    finally:
+        ws.transport.abort()
+
+
+async def slow_peer(target: Target, holders: Holders, wait_s: float) -> None:
+    """An upgrade sent a byte a second (slowloris): the server must drop it (its open timeout)."""
+    head = (f"GET /ws HTTP/1.1\r\nHost: {target.host}:{target.port}\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+            f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\n\r\n").encode()
+    reader, writer = await asyncio.open_connection(target.host, target.port)
+    holders.slow_sent += 1
+    try:
+        async with asyncio.timeout(wait_s):
+            for i in range(len(head)):
+                writer.write(head[i:i + 1])
+                await writer.drain()
+                try:  # what the server sends back (or its close) while we dribble
+                    data = await asyncio.wait_for(reader.read(4096), 1.0)
+                except TimeoutError:
+                    continue
+                if not data or data.startswith(b"HTTP/1.1 4") or data.startswith(b"HTTP/1.1 5"):
+                    holders.slow_closed_by_server += 1
+                    return
+            holders.problems.append("a slow upgrade was completed, byte by byte")
+    except TimeoutError:
+        holders.problems.append(f"a slow upgrade was still open after {wait_s:.0f} s")
+    except (ConnectionError, OSError):
+        holders.slow_closed_by_server += 1
+    finally:
+        writer.transport.abort()
+
+
+async def over_the_cap(target: Target, holders: Holders, extra: int = 4) -> None:
+    """Cap + `extra` pages at once: the cap opens, the rest get 503; then all close."""
+    async def page():
+        try:
+            ws = await connect(target.url("/ws"), open_timeout=10, ping_interval=None)
+        except InvalidStatus as e:
+            holders.over_cap_refused[e.response.status_code] += 1
+            return None
+        holders.over_cap_opened += 1
+        return ws
+
+    n = target.max_sessions + extra
+    holders.over_cap_tried += n
+    opened = [ws for ws in await asyncio.gather(*(page() for _ in range(n))) if ws is not None]
+    if len(opened) > target.max_sessions:
+        holders.problems.append(f"{len(opened)} pages opened at once, over the cap of {target.max_sessions}")
+    await asyncio.gather(*(ws.close() for ws in opened), return_exceptions=True)
+
+
+async def hold_on(target: Target, holders: Holders, idle: int, slow: int, idle_wait_s: float,
+                  slow_wait_s: float) -> None:
+    await asyncio.gather(*(idle_peer(target, holders, idle_wait_s) for _ in range(idle)),
+                         *(slow_peer(target, holders, slow_wait_s) for _ in range(slow)))
+    await over_the_cap(target, holders)
+
+
+def readyz(target: Target, timeout: float = 10.0) -> int:
+    try:
+        with urllib.request.urlopen(f"{target.base}/readyz", timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (OSError, urllib.error.URLError):
+        return 0
+
+
+def sessions_active(target: Target, metrics_port: int | None = None, timeout: float = 10.0) -> float | None:
+    """duplex_sessions_active from /metrics (None if it cannot be read)."""
+    try:
+        port = metrics_port or target.port
+        with urllib.request.urlopen(f"http://{target.host}:{port}/metrics", timeout=timeout) as r:
+            text = r.read().decode()
+    except (OSError, urllib.error.URLError):
+        return None
+    m = re.search(r"^duplex_sessions_active (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
 # ---- the normal conversation ---------------------------------------------------------------------
 def speech_audio(kind: str, rate: int = 16000) -> np.ndarray:
     """0.3 s silence, speech, 1.2 s silence. `noise`: a white-noise burst (what the test doubles
@@ -986,16 +1408,30 @@ def healthz(target: Target, timeout: float = 10.0) -> bool:
 
 async def run_fuzz(target: Target, messages: int = 10000, seed: int = 0, routes: list[str] | None = None,
                    speech: str = "noise", hang_s: float = 30.0, conversation_timeout: float = 30.0,
-                   max_seconds: float = 1800.0, progress: bool = False) -> Report:
-    """Fuzz every route at once, with normal conversations one after another alongside, then one
-    more after; then check /healthz and that every route still answers."""
-    routes = routes or (ALL_ROUTES if target.audiosocket_port else WS_ROUTES)
+                   max_seconds: float = 1800.0, progress: bool = False, holders: tuple[int, int] | None = None,
+                   idle_wait_s: float = 90.0, slow_wait_s: float = 30.0) -> Report:
+    """Fuzz every route at once (the WebSocket routes, AudioSocket, the WebRTC offer and config,
+    the data channel), with normal conversations one after another alongside, then one more
+    after; then check /healthz, /readyz, that no session is left and that every route still
+    answers. `holders`: (idle pages, slow upgrades) to hold on alongside, then the cap + 4 pages
+    at once; `idle_wait_s`: how long an idle page may last (the server's idle timeout, and more)."""
+    routes = routes or [*(ALL_ROUTES if target.audiosocket_port else WS_ROUTES), *HTTP_ROUTES, DATACHANNEL]
     report = Report({r: RouteStats(r) for r in routes})
     audio = speech_audio(speech)
     t0 = time.monotonic()
     deadline = t0 + max_seconds
-    workers = [asyncio.create_task(fuzz_route(target, r, messages, seed, report.routes[r], hang_s, deadline))
-               for r in routes]
+
+    def worker(r: str):
+        if r in HTTP_ROUTES:
+            return fuzz_http(target, r, messages, seed, report.routes[r], hang_s, deadline)
+        if r == DATACHANNEL:
+            return fuzz_datachannel(target, messages, seed, report.routes[r], hang_s, deadline)
+        return fuzz_route(target, r, messages, seed, report.routes[r], hang_s, deadline)
+
+    workers = [asyncio.create_task(worker(r)) for r in routes]
+    if holders is not None:
+        report.holders = Holders()
+        workers.append(asyncio.create_task(hold_on(target, report.holders, *holders, idle_wait_s, slow_wait_s)))
     all_done = asyncio.gather(*workers)
 
     async def alongside():
@@ -1011,7 +1447,7 @@ async def run_fuzz(target: Target, messages: int = 10000, seed: int = 0, routes:
     side = [asyncio.create_task(alongside())] + ([asyncio.create_task(show())] if progress else [])
     try:
         finished = await all_done
-        report.deadline_hit = not all(finished)
+        report.deadline_hit = not all(f is not False for f in finished)
         await side[0]
     finally:
         for t in [*workers, *side]:
@@ -1020,31 +1456,46 @@ async def run_fuzz(target: Target, messages: int = 10000, seed: int = 0, routes:
     report.conversations.append(await normal_conversation(target, audio, "after", conversation_timeout))
     report.healthz_after = await asyncio.to_thread(healthz, target)
     for r in routes:
-        report.routes_after[r] = await route_answers(target, r, hang_s)
+        if r not in HTTP_ROUTES and r != DATACHANNEL:
+            report.routes_after[r] = await route_answers(target, r, hang_s)
+    settle = time.monotonic() + hang_s  # the last conversations' teardown
+    while (status := await asyncio.to_thread(readyz, target)) != 200 and time.monotonic() < settle:
+        await asyncio.sleep(0.2)
+    report.readyz_after = status
+    report.sessions_after = await asyncio.to_thread(sessions_active, target)
     report.seconds = time.monotonic() - t0
     return report
 
 
 # ---- a server with the test doubles, wired as cmd_serve wires it -------------------------------------
 @contextlib.asynccontextmanager
-async def doubles_server(port: int, audiosocket_port: int | None, max_sessions: int = 16):
+async def doubles_server(port: int, audiosocket_port: int | None, max_sessions: int = 16,
+                         secrets: Secrets | None = None, idle_s: float = 60.0):
     """`duplex serve` (agent.serving.Server, as cmd_serve runs it) with the models replaced by
     the test doubles of tests/doubles.py: every route and the AudioSocket port. The measured-load
     admission is off (--load-threshold 0): fuzzing loads the machine, and what is fuzzed here is
-    the conversations, not the refusals; the --max-sessions cap stays."""
+    the conversations, not the refusals; the --max-sessions cap stays. `secrets`: the guards on,
+    as cmd_serve sets them (the token, each carrier's signature); `idle_s`: the idle timeout."""
     sys.path.insert(0, str(ROOT / "tests"))
     from doubles import EnergyVAD, ScriptedLLM, ScriptedRecognizer, ToneVoice
 
     from agent.config import Models, SessionConfig
+    from agent.holding import HoldingPolicy
     from agent.load import LoadPolicy
     from agent.serving import ServeConfig, Server
+    from transport.telephony.signatures import carrier_guards
 
     models = Models(asr=ScriptedRecognizer(["what time is it"] * 10000), llm=ScriptedLLM("It is noon."),
                     tts=ToneVoice(), vad_factory=EnergyVAD)
     cfg = SessionConfig(speculate=False)
     cfg.turns.use_eou = False
+    guards = {} if secrets is None else carrier_guards(
+        twilio_auth_token=secrets.twilio, plivo_auth_token=secrets.plivo, vonage_signature_secret=secrets.vonage,
+        auth_token=secrets.token)
     server = Server(models, cfg, ServeConfig(host="127.0.0.1", port=port, audiosocket_port=audiosocket_port,
-                                             max_sessions=max_sessions, load=LoadPolicy(cpu_threshold=0)))
+                                             max_sessions=max_sessions, load=LoadPolicy(cpu_threshold=0),
+                                             auth_token=secrets.token if secrets else None, guards=guards,
+                                             holding=HoldingPolicy(idle_s=idle_s)))
     task = asyncio.create_task(server.run())
     ready = asyncio.create_task(server.ready.wait())
     await asyncio.wait([ready, task], return_when=asyncio.FIRST_COMPLETED, timeout=30)
@@ -1076,13 +1527,14 @@ def crash_lines(log_text: str) -> list[str]:
     return out
 
 
-def _serve_doubles_main(port: int, audiosocket_port: int | None) -> int:
+def _serve_doubles_main(port: int, audiosocket_port: int | None, max_sessions: int, guarded: bool,
+                        idle_s: float) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     async def main():
-        async with doubles_server(port, audiosocket_port):
+        async with doubles_server(port, audiosocket_port, max_sessions, GUARDED if guarded else None, idle_s):
             print(f"fuzz_sockets: doubles server on {port} (audiosocket {audiosocket_port})", flush=True)
             await asyncio.Future()
 
@@ -1109,7 +1561,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--audiosocket-port", type=int)
     p.add_argument("--messages", type=int, default=10000, help="per route (default 10000)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--token", help="the server's --auth-token, for /ws")
+    p.add_argument("--token", help="the server's --auth-token (every route that takes it)")
+    p.add_argument("--twilio-auth-token", help="sign /twilio upgrades as Twilio does, with this token")
+    p.add_argument("--plivo-auth-token", help="sign /plivo upgrades as Plivo does")
+    p.add_argument("--vonage-signature-secret", help="send /vonage a signed JWT as Vonage does")
+    p.add_argument("--no-guards", action="store_true",
+                   help="--self-serve: a server without its guards (no token, no carriers' signatures)")
+    p.add_argument("--max-sessions", type=int, default=16, help="the server's cap (--self-serve: given it)")
+    p.add_argument("--idle-timeout", type=float, default=10.0,
+                   help="the server's idle timeout (--self-serve: given it; default 10 s)")
+    p.add_argument("--idle-peers", type=int, default=4, help="pages that say hello, then nothing")
+    p.add_argument("--slow-peers", type=int, default=4, help="upgrades sent a byte a second")
     p.add_argument("--routes", help="comma-separated subset, e.g. /ws,/twilio,audiosocket")
     p.add_argument("--speech", default="auto",
                    help="the normal conversation's question: noise (test doubles), flite, or a WAV path; "
@@ -1125,7 +1587,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.serve_doubles:
-        return _serve_doubles_main(args.port, args.audiosocket_port)
+        return _serve_doubles_main(args.port, args.audiosocket_port, args.max_sessions, not args.no_guards,
+                                   args.idle_timeout)
     proc, log_path = None, args.server_log
     if args.self_serve:
         args.port = args.port or free_port()
@@ -1133,12 +1596,16 @@ def main(argv: list[str] | None = None) -> int:
         log_path = log_path or os.path.join(tempfile.mkdtemp(prefix="fuzz-serve-"), "server.log")
         log_file = open(log_path, "w")
         proc = subprocess.Popen([sys.executable, __file__, "--serve-doubles", "--port", str(args.port),
-                                 "--audiosocket-port", str(args.audiosocket_port)],
+                                 "--audiosocket-port", str(args.audiosocket_port),
+                                 "--max-sessions", str(args.max_sessions), "--idle-timeout", str(args.idle_timeout),
+                                 *(["--no-guards"] if args.no_guards else [])],
                                 stdout=log_file, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         print(f"fuzz_sockets: self-served doubles server pid {proc.pid}, log {log_path}", flush=True)
     if args.port is None:
         p.error("--port (or --self-serve) is required")
-    target = Target(args.host, args.port, args.audiosocket_port, args.token)
+    secrets = GUARDED if args.self_serve and not args.no_guards else Secrets(
+        args.token, args.twilio_auth_token, args.plivo_auth_token, args.vonage_signature_secret)
+    target = Target(args.host, args.port, args.audiosocket_port, secrets=secrets, max_sessions=args.max_sessions)
     speech = args.speech
     if speech == "auto":
         speech = "noise" if args.self_serve else ("flite" if shutil.which("flite") else "noise")
@@ -1146,7 +1613,9 @@ def main(argv: list[str] | None = None) -> int:
         _wait_serving(target, proc, 120)
         routes = args.routes.split(",") if args.routes else None
         report = asyncio.run(run_fuzz(target, args.messages, args.seed, routes, speech, args.hang_timeout,
-                                      args.conversation_timeout, args.max_seconds, progress=True))
+                                      args.conversation_timeout, args.max_seconds, progress=True,
+                                      holders=(args.idle_peers, args.slow_peers),
+                                      idle_wait_s=args.idle_timeout + 30))
         if proc is not None and proc.poll() is not None:
             report.server_exit = proc.returncode
     finally:
