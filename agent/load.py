@@ -113,11 +113,18 @@ class QueuedLLM:
         self.tool_results = getattr(inner, "tool_results", None)  # how it reads its tools' results
         self.waiting = 0
 
-    async def stream(self, messages, max_tokens: int | None = None, tools: list[dict] | None = None) -> AsyncIterator:
+    @property
+    def continues_text(self) -> bool:
+        return getattr(self.inner, "continues_text", False)
+
+    async def stream(self, messages, max_tokens: int | None = None, tools: list[dict] | None = None,
+                     prefix: str = "") -> AsyncIterator:
         self.waiting += 1
         queued = True
         try:
             offer = {"tools": tools} if tools else {}  # a model that takes no tools is never offered any
+            if prefix:
+                offer["prefix"] = prefix
             async with contextlib.aclosing(self.inner.stream(messages, max_tokens, **offer)) as tokens:
                 async for token in tokens:
                     if queued:

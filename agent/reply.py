@@ -493,16 +493,28 @@ class Reply:
             offer = {"tools": self.tools.specs()} if offer_tools else {}
             # a round offered no tools may still write one's JSON (it read of calls): never said
             calls = ToolCallText() if self.tools is not None and not offer_tools else None
-            async with contextlib.aclosing(self.llm.stream(messages, cfg.max_tokens, **offer)) as toks:
-                it, n = aiter(toks), 0
+            # a paused reply gives an embedded model back (its one thread and lock serve every
+            # conversation) and, resumed, continues its text where it stopped
+            gives_back = getattr(self.llm, "continues_text", False)
+            said = ""  # this request's text so far: what a continuation starts from
+            n = 0
+            toks = self.llm.stream(messages, cfg.max_tokens, **offer)
+            try:
+                it = aiter(toks)
                 while True:
+                    if gives_back and self.paused:
+                        await toks.aclose()
+                        tr.instant(Stage.LLM, Ev.YIELDED, turn=rec.index, tokens=n)
+                        await self._unpaused.wait()
+                        toks = self.llm.stream(messages, max(1, cfg.max_tokens - n), prefix=said, **offer)
+                        it = aiter(toks)
                     await self._unpaused.wait()  # not part of the LLM's time: outside its bound
                     limit = cfg.llm_timeout_s  # read at each wait: it may be changed mid-reply
                     try:  # only the wait for the LLM is bounded, not what the reply does between tokens
                         async with asyncio.timeout(limit) as deadline:
                             tok = await anext(it)
                     except StopAsyncIteration:
-                        return
+                        break
                     except Exception as e:
                         if not deadline.expired():
                             self.llm_error = e
@@ -513,11 +525,15 @@ class Reply:
                             f"the LLM stopped: no token for {limit:.1f} s after {n} tokens")
                         raise self.llm_error from None
                     n += 1
+                    if isinstance(tok, str):
+                        said += tok
                     if calls is None or not isinstance(tok, str):
                         yield tok
                     else:
                         for item in calls.push(tok):
                             yield item
+            finally:
+                await toks.aclose()
             for item in calls.flush() if calls is not None else ():
                 yield item
 

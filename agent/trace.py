@@ -21,8 +21,9 @@ them):
     ``partial`` (``text=``), ``final`` (``text=``); recognizer steps may be
     spans (``audio_s=`` seconds of audio they covered).
 ``llm``
-    ``request``, ``first_token``, ``token`` (``text=``), ``cancel``, ``done``;
-    the generation itself may be a span.
+    ``request``, ``first_token``, ``token`` (``text=``), ``cancel``, ``done``,
+    ``yielded`` (a paused reply gave the model back); the generation itself may
+    be a span.
 ``tts``
     ``request`` (``text=``: a piece of text handed to the voice), ``first_chunk``,
     ``chunk`` (``samples=``, ``text=``, optionally ``sample_rate=``: the audio
@@ -169,6 +170,7 @@ class Ev:
     TOKEN = "token"
     GENERATE = "generate"
     WARM_CACHE = "warm_cache"
+    YIELDED = "yielded"  # a paused reply closed its stream, giving the model to others (tokens so far)
     CANCEL = "cancel"
     DONE = "done"
     # tts

@@ -131,21 +131,28 @@ class LlamaCppChat:
         self.tool_results = for_size(llama_cpp.llama_model_n_params(self._llm.model))
         self._formatter = _template_formatter(self._llm)
 
-    def _generate(self, messages: list[Message], max_tokens: int, stop: threading.Event, tools: list[dict] | None):
+    def _generate(self, messages: list[Message], max_tokens: int, stop: threading.Event, tools: list[dict] | None,
+                  prefix: str = ""):
         with self._lock:
             if stop.is_set():
                 return
-            # the GGUF's own chat template lays out the tools and asks for its tool-call format
-            chunks = self._llm.create_chat_completion(
-                messages=template_messages(messages), max_tokens=max_tokens, temperature=self.temperature,
-                stream=True, **({"tools": tools} if tools else {}))
+            if prefix:  # the answer so far, to go on from: the templated prompt, then its words
+                form = self._formatter(messages=template_messages(messages), **({"tools": tools} if tools else {}))
+                chunks = self._llm.create_completion(
+                    prompt=form.prompt + prefix, max_tokens=max_tokens, temperature=self.temperature, stream=True,
+                    stop=form.stop, stopping_criteria=form.stopping_criteria)
+                text = lambda chunk: chunk["choices"][0].get("text")  # noqa: E731
+            else:  # the GGUF's own chat template lays out the tools and asks for its tool-call format
+                chunks = self._llm.create_chat_completion(
+                    messages=template_messages(messages), max_tokens=max_tokens, temperature=self.temperature,
+                    stream=True, **({"tools": tools} if tools else {}))
+                text = lambda chunk: chunk["choices"][0].get("delta", {}).get("content")  # noqa: E731
             calls = ToolCallText() if tools else None
             try:
                 for chunk in chunks:
                     if stop.is_set():
                         break
-                    delta = chunk["choices"][0].get("delta", {}).get("content")
-                    if delta:
+                    if delta := text(chunk):
                         yield from calls.push(delta) if calls else (delta,)
                 else:
                     if calls:
@@ -188,15 +195,21 @@ class LlamaCppChat:
         prompt = self._formatter(messages=template_messages(messages), **({"tools": tools} if tools else {})).prompt
         return self._llm.tokenize(prompt.encode("utf-8"), special=True)
 
+    @property
+    def continues_text(self) -> bool:
+        """`stream(..., prefix=...)` goes on from an answer's first words (see agent/reply.py: a
+        paused reply closes its stream, so that its lock serves the other conversations)."""
+        return self._formatter is not None
+
     def stream(self, messages: list[Message], max_tokens: int | None = None,
-               tools: list[dict] | None = None) -> AsyncIterator[str]:
+               tools: list[dict] | None = None, prefix: str = "") -> AsyncIterator[str]:
         # Return the bridge's generator itself (not a wrapper around it), so that closing the
         # stream closes the bridge at once and the worker thread has stopped when aclose() returns.
         # On demand: a reader that stops reading for a while (the session, while the first audio
         # is synthesized) pauses the model and frees the CPU.
         n = max_tokens or self.max_tokens
-        return iterate_in_thread(lambda stop: self._generate(messages, n, stop, tools), maxsize=2, on_demand=True,
-                                 executor=self._thread)
+        return iterate_in_thread(lambda stop: self._generate(messages, n, stop, tools, prefix), maxsize=2,
+                                 on_demand=True, executor=self._thread)
 
 
 WARM_PIECE = 64  # tokens a read-ahead evaluates at a time

@@ -251,3 +251,27 @@ def said(text: str) -> list[str]:
     """`text` as a model streams it: its first word, then each next one with its space."""
     words = text.split(" ")
     return [w if i == 0 else " " + w for i, w in enumerate(words)]
+
+
+class OneContextLLM(ScriptedLLM):
+    """An embedded model's shape: one context, so a stream holds the model's lock from its first
+    token until it is closed (a reader that stops reading keeps it). `continues_text`: it can go
+    on from an answer's first words (`prefix=`), as llm/llamacpp.py does."""
+
+    continues_text = True
+
+    def __init__(self, replies, token_s: float = 0.01):
+        super().__init__(replies, token_s)
+        self.lock = asyncio.Lock()
+        self.prefixes: list[str] = []
+
+    async def stream(self, messages, max_tokens=None, tools=None, prefix: str = "") -> AsyncIterator[str]:
+        self.prefixes.append(prefix)
+        async with self.lock:
+            user = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+            answer = self.answer(user)
+            assert answer.startswith(prefix), "a continuation starts from what was said"
+            pieces = re.findall(r"\s*\S+", answer[len(prefix):])
+            for piece in pieces[:max_tokens] if max_tokens else pieces:
+                await asyncio.sleep(self.token_s)
+                yield piece

@@ -176,3 +176,27 @@ async def test_a_requantized_model_is_made_once_from_the_bundled_one_and_answers
     assert model._llm.metadata["general.file_type"] == ftype  # llama.cpp's LLAMA_FTYPE_MOSTLY_* number
     answer = "".join([p async for p in model.stream([SYSTEM, {"role": "user", "content": "What is the capital of France?"}])])
     assert "paris" in answer.lower(), answer
+
+
+async def test_a_stream_closed_early_goes_on_from_its_words(model):
+    """What a paused reply does: close the stream after a few words (the model's lock is free),
+    then ask again with those words as the prefix; greedy, the answer is the one it would have
+    given at once."""
+    model.temperature = 0.0
+    messages = [{"role": "system", "content": "Answer in one short English sentence."},
+                {"role": "user", "content": "What is the capital of France?"}]
+    try:
+        whole = "".join([p async for p in model.stream(messages, 40)])
+        first = []
+        async with contextlib.aclosing(model.stream(messages, 40)) as toks:
+            async for p in toks:
+                first.append(p)
+                if len(first) == 3:
+                    break
+        assert not model._lock.locked(), "a closed stream holds no lock"
+        said = "".join(first)
+        rest = "".join([p async for p in model.stream(messages, 40, prefix=said)])
+    finally:
+        model.temperature = 0.2
+    assert model.continues_text and rest.strip()
+    assert said + rest == whole, (said, rest, whole)

@@ -172,3 +172,27 @@ async def test_the_voice_makes_the_next_chunk_while_the_last_one_plays():
     await playout.wait_played()
     assert sum(c.pcm.size for c in far.audio) == 16000
     await playout.close()
+
+
+async def test_a_paused_reply_gives_a_one_context_model_to_other_replies_then_goes_on():
+    from doubles import OneContextLLM
+
+    story = "Once upon a time there was a fox who lived by a river and watched the fish every day."
+    llm = OneContextLLM(lambda user: story if user == "q" else "Other answer.", token_s=0.02)
+    first, far, hooks = make(llm)
+    first.start()
+    assert await await_until(lambda: len(first.record.tokens) >= 3, 5)
+    await first.pause()  # the user speaks over it; words will tell whether to cut or resume
+    # another conversation's reply on the same model
+    other, _, other_hooks = make(llm)
+    other.messages = [{"role": "user", "content": "other"}]
+    t = time.perf_counter()
+    other.start()
+    assert await await_until(lambda: other.record.tokens, 5), "the paused reply kept the model"
+    assert time.perf_counter() - t < 1.0
+    await asyncio.wait_for(other.task, 10)
+    first.resume()
+    await asyncio.wait_for(first.task, 20)
+    assert first.record.reply_text == story, "resumed, it went on from its first words"
+    assert len(llm.prefixes) == 3 and llm.prefixes[0] == "" and story.startswith(llm.prefixes[2])
+    assert llm.prefixes[2] and hooks.finished == 1 and other_hooks.finished == 1
