@@ -255,7 +255,7 @@ class Server:
                   for name, d in DIALECTS.items()}
         routes["/vonage"] = lambda ws: MediaStreamTransport(ws, VonageCall())
         web_ready = asyncio.Event()
-        offers = WebRTCOffers(self._conversation, self.admission, cfg.webrtc_options())
+        offers = WebRTCOffers(self._conversation, self.admission, cfg.webrtc_options(), limits=self.limits)
         ops = {"/metrics": self.metrics.exposition}
         private_ops = cfg.metrics_port is not None
         tasks = [asyncio.create_task(run_server(

@@ -97,3 +97,26 @@ async def test_a_peer_connection_that_cannot_be_made_gives_the_slot_back(monkeyp
     offers = WebRTCOffers(never_called, admission, WebRTCOptions(ice_hosts=LOOPBACK))
     status, _, _ = await offers.answer(REQUEST, await an_offer())
     assert status == 400 and admission.live == 0
+
+
+async def test_one_address_holds_at_most_its_share_of_webrtc_conversations():
+    from helpers import await_until
+    from test_serving import serving
+    from transport.limits import SourcePolicy
+    from webrtc_peer import connect
+
+    sources = SourcePolicy(max_live=1, per_minute=600, burst=100, exempt=())
+    async with serving(ice_hosts=LOOPBACK, sources=sources) as s:
+        base = f"http://127.0.0.1:{s.port}"
+        first = await connect(base)
+        try:
+            assert await await_until(lambda: first.pc.connectionState == "connected", 10)
+            assert s.admission.live == 1
+            with pytest.raises(RuntimeError, match="429"):
+                await connect(base)
+            assert s.admission.live == 1
+        finally:
+            await first.close()
+        assert await await_until(lambda: s.admission.live == 0, 15), (s.admission.live, s.server.limits.live)
+        again = await connect(base)  # its share is free again
+        await again.close()

@@ -117,9 +117,10 @@ Guard = Callable[[Request], tuple[HTTPStatus, str] | None]
 # a GET answered by the caller's code behind `access`, as /ws (e.g. /webrtc/config): the request
 # -> (status, headers, body)
 GuardedRoute = Callable[[Request], tuple[int, dict[str, str], bytes]]
-# a POST answered by the caller's code (e.g. /webrtc/offer): (request, its body) -> (status,
-# headers, body); guarded by `access` and refused with 503 while `admission` refuses, as /ws
-PostRoute = Callable[[Request, bytes], Awaitable[tuple[int, dict[str, str], bytes]]]
+# a POST answered by the caller's code (e.g. /webrtc/offer): (request, its body, the caller's
+# address) -> (status, headers, body); guarded by `access` and refused with 503 while
+# `admission` refuses, as /ws
+PostRoute = Callable[[Request, bytes, str | None], Awaitable[tuple[int, dict[str, str], bytes]]]
 
 
 def _text(status: HTTPStatus, text: str) -> Response:
@@ -240,7 +241,8 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
             log.warning("refused %s %s from %s: %s", request.method, path, connection.remote_address,
                         refusal[1].strip())
             return _refused(refusal)
-        return _answer(*await post_routes[path](request, connection.splitter.body or b""))
+        return _answer(*await post_routes[path](request, connection.splitter.body or b"",
+                                                source_of(connection.remote_address)))
 
     async def process_request(connection: BodyConnection, request: Request):
         path = _path(request)

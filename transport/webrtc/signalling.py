@@ -25,6 +25,7 @@ from websockets.http11 import Request
 from transport.admission import Admission
 from transport.base import Transport
 from transport.credentials import header
+from transport.limits import SourceLimits, SourcePolicy
 from transport.webrtc.ice import check_hosts, configuration, host_addresses
 from transport.webrtc.ice_servers import CONFIG_PATH, IceServers, unique_user
 from transport.webrtc.jitter import use_low_latency_audio
@@ -89,8 +90,10 @@ class WebRTCOffers:
     closes its peer connection. `close()` ends them all (the server is stopping)."""
 
     def __init__(self, handler: Callable[[Transport], Awaitable[None]], admission: Admission,
-                 options: WebRTCOptions | None = None, clock: Callable[[], float] = time.time):
+                 options: WebRTCOptions | None = None, clock: Callable[[], float] = time.time,
+                 limits: SourceLimits | None = None):
         self.handler, self.admission = handler, admission
+        self.limits = limits or SourceLimits(SourcePolicy(max_live=0, per_minute=0))  # per caller address
         self.options = options or WebRTCOptions()
         self.clock = clock  # unix time: TURN credentials expire by it
         self.conversations: set[asyncio.Task] = set()
@@ -100,12 +103,16 @@ class WebRTCOffers:
         """GET /webrtc/config (behind the same token and Origin checks as the offer)."""
         return _json(HTTPStatus.OK, self.options.ice_servers.page_config(self.clock(), unique_user()))
 
-    async def answer(self, request: Request, body: bytes) -> tuple[int, dict[str, str], bytes]:
+    async def answer(self, request: Request, body: bytes,
+                     source: str | None = None) -> tuple[int, dict[str, str], bytes]:
         try:
             offer = parse_offer(header(request, "Content-Type"), body)
         except OfferError as exc:
             return _json(exc.status, {"error": str(exc)})
+        if not self.limits.enter(source):
+            return _json(HTTPStatus.TOO_MANY_REQUESTS, {"error": "too many conversations from your address"})
         if (reason := self.admission.enter()) is not None:
+            self.limits.leave(source)
             return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"not now: {reason}"})
         # from here the slot and the peer connection are ours until a conversation takes them:
         # released on every other way out, cancellation (a BaseException) included
@@ -123,7 +130,7 @@ class WebRTCOffers:
                     pc.addTrack(transport.track)
                     await pc.setLocalDescription(await pc.createAnswer())
             local = pc.localDescription
-            task = asyncio.create_task(self._run(transport), name="webrtc-conversation")
+            task = asyncio.create_task(self._run(transport, source), name="webrtc-conversation")
             self.conversations.add(task)
             task.add_done_callback(self.conversations.discard)
             owned = True  # the conversation releases them when it ends
@@ -137,6 +144,7 @@ class WebRTCOffers:
         finally:
             if not owned:
                 self.admission.leave()  # at once, before anything else can be interrupted
+                self.limits.leave(source)
                 # a bad offer is the caller's business (info, as before); a timeout or a cancel is ours
                 log.log(logging.INFO if why.startswith("cannot answer") else logging.WARNING,
                         "webrtc offer: slot released, peer connection closed: %s", why)
@@ -156,7 +164,7 @@ class WebRTCOffers:
         closing.add_done_callback(_log_close_failure)
         await asyncio.shield(closing)
 
-    async def _run(self, transport: WebRTCTransport) -> None:
+    async def _run(self, transport: WebRTCTransport, source: str | None = None) -> None:
         try:
             await self.handler(transport)
         except Exception:
@@ -166,6 +174,7 @@ class WebRTCOffers:
                 await transport.close()
             finally:
                 self.admission.leave()
+                self.limits.leave(source)
 
     async def close(self) -> None:
         for task in list(self.conversations):
