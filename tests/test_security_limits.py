@@ -100,3 +100,20 @@ async def test_an_audiosocket_close_gives_up_on_a_peer_that_never_reads():
     finally:
         peer_writer.transport.abort()
         server.close()
+
+
+async def test_a_malformed_head_is_answered_400_with_one_log_line(caplog):
+    caplog.set_level(logging.INFO)
+    async with serving() as s:
+        host = f"Host: 127.0.0.1:{s.port}\r\n"
+        heads = [f"GET /ws HTTP/2.0\r\n{host}\r\n",  # a protocol websockets does not speak
+                 f"GET /caf\u00e9 HTTP/1.1\r\n{host}\r\n",  # a path that is not ASCII
+                 f"GET / HTTP/1.1\r\n{host}Bad Name: x\r\n\r\n",  # a header name with a space
+                 f"GET / HTTP/1.1\r\n{host}no colon here\r\n\r\n",
+                 f"GET /healthz HTTP/1.1\r\n{host}Content-Length: 5\r\n\r\nhello",  # a GET with a body
+                 f"GET /healthz HTTP/1.1\r\n{host}Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"]
+        for head in heads:
+            assert await raw_status(s.port, head.encode()) == 400, head
+        assert await raw_status(s.port, f"GET /healthz HTTP/1.1\r\n{host}Content-Length: 0\r\n\r\n".encode()) == 200
+    assert len([r for r in caplog.records if "unreadable request" in r.getMessage()]) == len(heads)
+    assert not [r for r in caplog.records if r.exc_info]

@@ -10,11 +10,14 @@ handshake, limits and timeouts for everything else.
 
 `BodyConnection` is that filter on websockets' connection (its documented `create_connection`
 hook). A body that cannot be taken (too large, chunked, a bad length) leaves `body_error`
-set, (status, reason), and what follows it is discarded.
+set, (status, reason), and what follows it is discarded. A head that websockets' parser would
+drop without an answer (a malformed request or header line, a GET with a body) is answered 400
+here, with one log line (`check_head`).
 """
 from __future__ import annotations
 
 import logging
+import re
 from http import HTTPStatus
 
 from websockets.asyncio.server import ServerConnection
@@ -24,6 +27,30 @@ MAX_BODY = 65536
 BAD_REQUEST = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 17\r\n"
                b"Connection: close\r\n\r\nunreadable request")
 log = logging.getLogger("duplex.web")
+
+
+# what websockets' own parser takes (websockets.http11); a head it would refuse gets no answer
+# from it, only a closed connection, so it is refused here with a 400 instead
+_REQUEST_LINE = re.compile(rb"[A-Z]{1,16} [\x21-\x7e]+ HTTP/1\.[01]")
+_HEADER_NAME = re.compile(rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
+_HEADER_VALUE = re.compile(rb"[\x09\x20-\x7e\x80-\xff]*")
+
+
+def check_head(head: bytes) -> None:
+    """ValueError saying what is wrong with a request head that websockets would drop unanswered:
+    its request line, a header line, or a GET with a body (the body of a POST is ours to read)."""
+    request_line, *lines = head[:-4].split(b"\r\n")
+    if not _REQUEST_LINE.fullmatch(request_line):
+        raise ValueError("a malformed request line")
+    names = []
+    for line in lines:
+        name, colon, value = line.partition(b":")
+        if not colon or not _HEADER_NAME.fullmatch(name) or not _HEADER_VALUE.fullmatch(value.strip(b" \t")):
+            raise ValueError("a malformed header line")
+        names.append((name.lower(), value.strip()))
+    if not request_line.startswith(b"POST ") and any(
+            n == b"transfer-encoding" or n == b"content-length" and v != b"0" for n, v in names):
+        raise ValueError(f"a body on a {request_line.split(b' ')[0].decode()} request")
 
 
 class BodySplitter:
@@ -51,6 +78,7 @@ class BodySplitter:
                     return self._take()
                 return b""
             head, self._buf = self._buf[:end + 4], self._buf[end + 4:]
+            check_head(head)  # ValueError: BodyConnection answers 400
             if not head.startswith(b"POST "):
                 self._state = "pass"
                 return head + self._take()
