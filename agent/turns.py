@@ -90,8 +90,14 @@ Defaults, and why:
   page mic gave the user's turns peaks of -3 to -8 dBFS and the leaks that cut the story ("I
   talk.", "Just.") -24 to -37; the real barge-in peaked at -10. Needs a turn of the user's first
   (a greeting's listener has none), and the level of each frame (`on_vad`'s `level`).
-- `backchannels` none: only non-lexical sounds (`NONLEXICAL`) let the bot go on; "yeah" or
-  "okay" over it interrupts it (Whisper wrote "MMHMM" for flite's "Mm-hmm.", "Mmh" mid-way).
+- `backchannels` `BACKCHANNELS` ("yeah", "okay", "right", ...) besides non-lexical sounds
+  (`NONLEXICAL`; Whisper wrote "MMHMM" for flite's "Mm-hmm.", "Mmh" mid-way): said alone over
+  the bot they are a listener following, not taking the turn, so the bot goes on; "okay, stop"
+  holds a word that interrupts. `()`: only the sounds let it go on.
+- `echo_level_db` also gates the pause: speech over the bot whose loudest frame so far is that
+  far below the user's turns neither pauses the bot nor starts an utterance (a voice across the
+  room, a TV at -20 dB, the echo's bursts); once it grows to the user's level it pauses it as
+  usual. `None`: any speech over the bot pauses it.
 - `max_utterance_s` 25: Whisper decodes at most 30 s at once.
 - "combined" (the default since 2026-12-02): `text_weight` 3, `text_bias` 13, `combined_threshold` 0.5, `min_wait_s`
   0.1, chosen on `duplex bench turns` (82 complete, 150 incomplete utterances; a grid over
@@ -135,6 +141,11 @@ def interrupting_words(text: str, backchannels: tuple[str, ...] = ()) -> int:
                if any(ch.isalnum() for ch in w) and not NONLEXICAL.fullmatch(w) and w not in backchannels)
 
 
+# words a listener says over a speaker to show they follow, not to take the turn: over the bot,
+# an utterance of these alone (and `NONLEXICAL` sounds) lets it go on
+BACKCHANNELS = ("yeah", "yep", "yup", "yes", "right", "okay", "ok", "sure", "alright", "cool", "wow", "nice",
+                "exactly", "indeed", "true", "gotcha", "uh", "huh")
+
 AUDIO_P_RANGE = (1e-4, 1 - 1e-4)  # smart-turn's verdicts stay inside this
 AUDIO_FRAME_S = 0.032  # a VAD frame: a change in the wait smaller than this changes nothing
 
@@ -162,8 +173,10 @@ class TurnConfig:
     barge_in_min_speech_s: float = 0.1  # speech over the bot that pauses it
     false_interruption_s: float = 2.0  # silence after speech over the bot with no words: it resumes
     partial_words_to_interrupt: int = 3  # stable words of a partial that make speech over the bot an interruption
-    backchannels: tuple[str, ...] = ()  # words besides `NONLEXICAL` sounds that do not interrupt ("yeah", ...)
-    echo_level_db: float | None = -12.0  # words over the bot this far below the user's own level: echo (None: off)
+    backchannels: tuple[str, ...] = BACKCHANNELS  # words besides `NONLEXICAL` sounds that do not interrupt
+    # speech over the bot this far below the user's own level neither pauses nor interrupts it:
+    # the bot's echo, a TV, a voice across the room (None: any speech pauses it)
+    echo_level_db: float | None = -12.0
     max_utterance_s: float = 25.0
     preroll_s: float = 0.3  # audio before the detected speech start that the recognizer gets
     quiet_db: float | None = -35.0  # the early-decode hint (None: off), below the utterance's peak
@@ -347,7 +360,8 @@ class TurnMachine:
                 limit = c.endpoint_silence_s if short else c.max_endpoint_s
                 if self._silence_run >= limit:
                     out += self._end_turn(t, self._last_speech_end)
-        elif s in (State.THINKING, State.BOT_SPEAKING) and spoke(c.barge_in_min_speech_s):
+        elif (s in (State.THINKING, State.BOT_SPEAKING) and spoke(c.barge_in_min_speech_s)
+              and not self._below_the_user(self._run_peak)):  # a quieter voice is not the user's
             if self._interrupted_at is None:  # else the reply is paused already (its final is due)
                 self._interrupted_at, self._resume_to = t, s
                 out.append(PauseReply(t, t - self._speech_run))

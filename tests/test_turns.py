@@ -136,27 +136,45 @@ def speaking_bot(user_level: float | None = 0.3) -> Driver:
     return d
 
 
-def test_words_over_the_bot_far_quieter_than_the_user_are_its_echo_and_it_resumes():
+def test_speech_over_the_bot_far_quieter_than_the_user_neither_pauses_nor_interrupts_it():
     d = speaking_bot(user_level=0.3)
     n = len(d.log)
-    d.frames("#" * 8 + "." * 8, level=0.03).eou(0.9)  # a burst 20 dB below the user's turn
-    assert d.kinds()[n:] == [PauseReply, StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
-    d.log += d.m.on_final(d.t, "I talk.")  # the bot's own voice, garbled, through the canceller
-    assert d.kinds()[-2:] == [DiscardTranscript, ResumeReply] and d.log[-2].echo
-    assert d.m.state == B
+    # a burst 20 dB below the user's turn: the bot's voice through the canceller, a TV, a voice
+    # across the room
+    d.frames("#" * 30 + "." * 8, level=0.03).eou(0.9)
+    assert d.kinds()[n:] == [] and d.m.state == B, "the bot was not even paused"
     # the user at their own level, over the bot: a real interruption
     d.frames("#" * 8 + "." * 8, level=0.2).eou(0.9)
     d.log += d.m.on_final(d.t, "Stop.")
     assert d.kinds()[-1] == CancelReply and d.m.state == T
 
 
-def test_quiet_partial_words_wait_for_the_final_and_loud_ones_interrupt():
+def test_quiet_speech_that_grows_to_the_users_level_pauses_the_bot_then_and_its_words_interrupt():
     d = speaking_bot(user_level=0.3)
+    n = len(d.log)
     d.frames("#" * 10, level=0.03)
+    assert d.kinds()[n:] == [] and d.m.state == B
+    d.frames("#" * 3, level=0.25)  # the user's own voice follows
+    assert d.kinds()[n:] == [PauseReply, StartUtterance] and d.m.state == I
     d.log += d.m.on_words(d.t, "once upon a time")
-    assert d.kinds()[-1] == StartUtterance and d.m.state == I  # paused, not cut
-    d.frames("#" * 5, level=0.25)  # the user's own voice follows
-    d.log += d.m.on_words(d.t, "once upon a time")
+    assert d.kinds()[-1] == CancelReply
+
+
+def test_a_backchannel_word_over_the_bot_lets_it_go_on_and_a_real_one_stops_it():
+    for said in ("Yeah.", "Okay.", "Right, right.", "Uh-huh, yeah."):
+        d = speaking_bot(user_level=0.3)
+        d.frames("#" * 8 + "." * 8, level=0.3).eou(0.9)
+        d.log += d.m.on_final(d.t, said)
+        assert d.kinds()[-2:] == [DiscardTranscript, ResumeReply] and d.m.state == B, said
+    d = speaking_bot(user_level=0.3)
+    d.frames("#" * 8 + "." * 8, level=0.3).eou(0.9)
+    d.log += d.m.on_final(d.t, "Okay, stop.")
+    assert d.kinds()[-1] == CancelReply
+    # today's behaviour is one setting away
+    d = speaking_bot(user_level=0.3)
+    d.m.config.backchannels = ()
+    d.frames("#" * 8 + "." * 8, level=0.3).eou(0.9)
+    d.log += d.m.on_final(d.t, "Yeah.")
     assert d.kinds()[-1] == CancelReply
 
 
