@@ -585,7 +585,7 @@ class Reply:
             offer_tools = self.tools is not None and bool(self.tools.tools)
             while True:
                 before = len(tokens)
-                calls = await generate(style.prepare(messages) if style else messages, chunker, offer_tools)
+                calls = await generate(style.prepare(messages, offer_tools) if style else messages, chunker, offer_tools)
                 if not calls:
                     break
                 for piece in chunker.flush():  # what it said before the calls is heard while they run

@@ -23,16 +23,23 @@ SMALL_MODEL_PARAMS = 3e9
 class NativeToolResults:
     chains = True  # the model may call again after reading results
 
-    def prepare(self, messages: list[Message]) -> list[Message]:
+    def prepare(self, messages: list[Message], tools_offered: bool = True) -> list[Message]:
         return messages
 
 
 class InlineToolResults:
     chains = False
 
-    def prepare(self, messages: list[Message]) -> list[Message]:
-        """The messages with every call and result folded into notes on the user's turn before
-        them, and an answer said in two parts (before and after its calls) as one message."""
+    def prepare(self, messages: list[Message], tools_offered: bool = True) -> list[Message]:
+        """The prompt for a round: with tools, the conversation before the user's last turn as a
+        transcript at the start of that turn (the 0.5B model, shown earlier turns as turns,
+        stops calling tools: 0 of 4 weather and time questions after a greeting or two
+        exchanges, 4 of 4 with them as a transcript; the system prompt and its tools stay the
+        prompt's cached prefix); without tools (the answer), the turns as turns, each call and
+        result folded into a note on the turn that asked."""
+        return _as_transcript(messages) if tools_offered else self._fold(messages)
+
+    def _fold(self, messages: list[Message]) -> list[Message]:
         if not any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
             return messages
         out: list[dict] = []
@@ -54,6 +61,30 @@ class InlineToolResults:
             else:
                 out.append(dict(m))
         return out
+
+
+def _as_transcript(messages: list[Message]) -> list[Message]:
+    system = messages[:1] if messages and messages[0]["role"] == "system" else []
+    rest = messages[len(system):]
+    last = max((i for i, m in enumerate(rest) if m["role"] == "user"), default=None)
+    earlier, now = (rest, None) if last is None else (rest[:last], rest[last])
+    lines, names = [], {}
+    for m in earlier:
+        if m["role"] == "user":
+            lines.append(f"Caller: {m['content']}")
+        elif m["role"] == "tool":
+            lines.append(f"({names.get(m.get('tool_call_id', ''), 'a tool')} returned: {m['content']})")
+        elif m["role"] == "assistant":
+            names.update({c["id"]: c["function"]["name"] for c in m.get("tool_calls") or ()})
+            if m.get("content"):
+                lines.append(f"You: {m['content']}")
+    if not lines:
+        return messages
+    said = "The conversation so far:\n" + "\n".join(lines)
+    if now is None:  # a read-ahead of the history alone: the prefix the next turn's prompt starts with
+        return [*system, {"role": "user", "content": said}]
+    return [*system, {"role": "user", "content": f"{said}\n\nThe caller now says: {now['content']}"},
+            *rest[last + 1:]]
 
 
 def _say(out: list[dict], text: str) -> None:

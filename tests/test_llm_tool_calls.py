@@ -188,8 +188,25 @@ def test_inline_results_fold_each_round_into_the_turn_that_asked():
                 assistant_calls("Let me see.", [call]), tool_result(call, "sunny"),
                 {"role": "assistant", "content": "It is sunny."}, {"role": "user", "content": "thanks"}]
     assert NATIVE.prepare(messages) is messages
-    assert INLINE.prepare(messages) == [
+    assert INLINE.prepare(messages, tools_offered=False) == [
         {"role": "system", "content": "S"},
         {"role": "user", "content": "weather in Paris?\n\n(get_weather returned: sunny)"},
         {"role": "assistant", "content": "Let me see. It is sunny."}, {"role": "user", "content": "thanks"}]
     assert not INLINE.chains and NATIVE.chains
+
+
+def test_a_small_models_tool_round_reads_the_earlier_turns_as_a_transcript():
+    from llm.base import assistant_calls, tool_result
+    from llm.tool_results import INLINE
+
+    call = ToolCall("c1", "get_weather", '{"city": "Paris"}')
+    messages = [{"role": "system", "content": "S"}, {"role": "assistant", "content": "Hello, how can I help?"},
+                {"role": "user", "content": "weather in Paris?"}, assistant_calls("", [call]),
+                tool_result(call, "sunny"), {"role": "assistant", "content": "It is sunny."},
+                {"role": "user", "content": "and the time?"}]
+    assert INLINE.prepare(messages) == [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "The conversation so far:\nYou: Hello, how can I help?\nCaller: weather in Paris?\n"
+                                    "(get_weather returned: sunny)\nYou: It is sunny.\n\nThe caller now says: and the time?"}]
+    first = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]
+    assert INLINE.prepare(first) == first
