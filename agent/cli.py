@@ -161,7 +161,7 @@ def cmd_serve(args) -> int:
 
     from agent.load import LoadPolicy
     from agent.holding import HoldingPolicy
-    from agent.serving import ServeConfig, Server, steady_malloc
+    from agent.serving import ServeConfig, Server, route_guards, steady_malloc
     from transport.limits import SourcePolicy
     from transport.telephony.signatures import carrier_guards, unguarded_routes
 
@@ -203,6 +203,8 @@ def cmd_serve(args) -> int:
             loop.add_signal_handler(sig, server.drain)
         print(f"duplex: phone media streams at ws://{args.host}:{args.port}/twilio, /telnyx, /plivo, /exotel "
               f"and /vonage (see the README's 'Phone calls')", flush=True)
+        for line, _ in route_guards(config, config.phone_guards()):  # who may open what
+            print(f"duplex: guard: {line}", flush=True)
         await server.run()
         print("duplex: drained; bye", flush=True)
 

@@ -125,3 +125,21 @@ async def test_audiosocket_refuses_a_source_outside_its_allowlist():
     asp = free_port()
     async with serving(audiosocket_port=asp) as s:  # default: loopback
         assert await audiosocket_call_admitted(s, asp)
+
+
+def test_serve_prints_every_routes_guard_at_start(monkeypatch, capsys):
+    from agent import serving
+    from test_serving import doubles
+
+    async def served(self):
+        return None
+
+    monkeypatch.setattr(cli, "_load", lambda args: doubles())
+    monkeypatch.setattr(serving.Server, "run", served)
+    monkeypatch.delenv("DUPLEX_AUTH_TOKEN", raising=False)
+    cli.main(["serve", "--port", "0", "--twilio-auth-token", "tw", "--audiosocket", "0"])
+    guards = [line for line in capsys.readouterr().out.splitlines() if line.startswith("duplex: guard: ")]
+    assert any("/ws" in g and "NO TOKEN" in g for g in guards), guards
+    assert any(g.startswith("duplex: guard: /twilio: Twilio's signature") for g in guards), guards
+    assert any(g.startswith("duplex: guard: /exotel: OPEN") for g in guards), guards
+    assert any("AudioSocket" in g and "127.0.0.0/8" in g for g in guards), guards
