@@ -36,7 +36,10 @@ class InlineToolResults:
         stops calling tools: 0 of 4 weather and time questions after a greeting or two
         exchanges, 4 of 4 with them as a transcript; the system prompt and its tools stay the
         prompt's cached prefix); without tools (the answer), the turns as turns, each call and
-        result folded into a note on the turn that asked."""
+        result folded into a note on the turn that asked, and the results for the turn being
+        answered in the system prompt (after a greeting, given them as a note on the question it
+        answered 'Good day! How can I assist you today?' to the weather; given them in the
+        system prompt, 3 of 3 answers read them)."""
         return _as_transcript(messages) if tools_offered else self._fold(messages)
 
     def _fold(self, messages: list[Message]) -> list[Message]:
@@ -44,22 +47,30 @@ class InlineToolResults:
             return messages
         out: list[dict] = []
         names: dict[str, str] = {}
-        for m in messages:
+        last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+        now: list[str] = []  # the results for the turn being answered
+        for i, m in enumerate(messages):
             if m["role"] == "assistant" and m.get("tool_calls"):
                 names.update({c["id"]: c["function"]["name"] for c in m["tool_calls"]})
                 if m.get("content"):
                     _say(out, m["content"])
             elif m["role"] == "tool":
-                asked = next((i for i in range(len(out) - 1, -1, -1) if out[i]["role"] == "user"), None)
-                note = f"({names.get(m.get('tool_call_id', ''), 'a tool')} returned: {m['content']})"
-                if asked is None:
-                    out.insert(0, {"role": "user", "content": note})
+                note = f"{names.get(m.get('tool_call_id', ''), 'a tool')} returned: {m['content']}"
+                asked = next((k for k in range(len(out) - 1, -1, -1) if out[k]["role"] == "user"), None)
+                if i > last_user:
+                    now.append(note)
+                elif asked is None:
+                    out.insert(0, {"role": "user", "content": f"({note})"})
                 else:
-                    out[asked] = {**out[asked], "content": f"{out[asked]['content']}\n\n{note}"}
+                    out[asked] = {**out[asked], "content": f"{out[asked]['content']}\n\n({note})"}
             elif m["role"] == "assistant":
                 _say(out, m["content"])
             else:
                 out.append(dict(m))
+        if now and out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + "\n".join(now)}
+        elif now:
+            out.insert(0, {"role": "system", "content": "\n".join(now)})
         return out
 
 

@@ -192,6 +192,11 @@ def test_inline_results_fold_each_round_into_the_turn_that_asked():
         {"role": "system", "content": "S"},
         {"role": "user", "content": "weather in Paris?\n\n(get_weather returned: sunny)"},
         {"role": "assistant", "content": "Let me see. It is sunny."}, {"role": "user", "content": "thanks"}]
+    # the turn being answered: its results in the system prompt
+    answering = messages[:4]
+    assert INLINE.prepare(answering, tools_offered=False) == [
+        {"role": "system", "content": "S\n\nget_weather returned: sunny"},
+        {"role": "user", "content": "weather in Paris?"}, {"role": "assistant", "content": "Let me see."}]
     assert not INLINE.chains and NATIVE.chains
 
 

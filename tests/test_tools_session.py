@@ -429,7 +429,8 @@ async def test_a_small_models_answer_round_reads_results_inline_and_offers_no_to
         tmp_path, [turn(spoken())], script,
         Agent(tools=[get_time], tool_policy=ToolPolicy(filler_delay_s=5.0, results=INLINE)))
     assert llm.offered[0] and llm.offered[1] is None, "the answer round offers no tools"
-    assert llm.requests[1][-1] == {"role": "user", "content": "what time is it in Rome\n\n(get_time returned: noon)"}
+    assert llm.requests[1][-1] == {"role": "user", "content": "what time is it in Rome"}
+    assert llm.requests[1][0]["content"].endswith("\n\nget_time returned: noon")
     assert session.records[0].heard_text == "It is noon.", "the stray call was neither run nor said"
     assert [e.args["why"] for e in tracer.events() if e.name == Ev.TOOL_REFUSED] == ["the answer's round offers no tools"]
     assert [m["role"] for m in session.history] == ["user", "assistant", "tool", "assistant"]
