@@ -32,8 +32,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="conversations the in-process engine serves at once (its batch size; default 8)")
     p.add_argument("--device", default="cpu", help="where the in-process engine runs: cpu (default) or cuda")
     p.add_argument("--asr-beam", type=positive_int, default=None,
-                   help="Whisper's beam size (default 1, greedy; 5: dev WER 9.9 -> 5.0 %% for ~+20-46 ms "
-                        "a final decode, see scripts/whisper_settings.py)")
+                   help="the beam of Whisper's final decode (default 5; 1, greedy: dev WER 5.0 -> 9.9 %% for "
+                        "~20-46 ms less a final, see docs/quality.md); partials stay greedy")
     p.add_argument("--llm", default=bundled.DEFAULT,
                    help=f"{bundled.names_help()} | path to a .gguf | "
                         "URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 | "
@@ -321,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         return _delegate("agent.trace_report", argv[2:])
     if argv[:2] == ["bench", "latency"]:
         return _delegate("agent.bench_latency", argv[2:])
+    if argv[:2] == ["bench", "quality"]:
+        return _delegate("agent.bench_quality", argv[2:])
     if argv[:2] == ["bench", "tools"]:
         return _delegate("agent.bench_tools", argv[2:])
     if argv[:2] == ["bench", "turns"]:

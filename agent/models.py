@@ -32,7 +32,7 @@ class ModelChoice:
     asr: str = "whisper-tiny.en"  # see asr.load_recognizer: Whisper, a Kyutai engine, or ws:// URLs
     asr_api_key: str | None = None  # for a ws:// recognizer
     asr_slots: int = 8  # the in-process engine's batch size
-    asr_beam: int | None = None  # Whisper's beam size (None: WhisperOptions' default, greedy)
+    asr_beam: int | None = None  # Whisper's final-decode beam (None: WhisperOptions' default, 5; 1: greedy)
     device: str = "cpu"  # where the in-process engine runs
     llm: str = bundled.DEFAULT  # a name in llm.bundled.BUNDLED | path.gguf | http://host:port/v1
     llm_model: str | None = None  # the model name at an OpenAI-compatible endpoint
@@ -83,5 +83,5 @@ def recognizer_options(choice: ModelChoice) -> dict:
     if choice.asr_beam:
         from asr.whisper import WhisperOptions
 
-        return {"options": WhisperOptions(beam_size=choice.asr_beam)}
+        return {"options": WhisperOptions(final_beam_size=choice.asr_beam)}
     return {}

@@ -31,8 +31,12 @@ clip, interleaved, 2 shared AVX2 cores where the default's final takes ~220-380 
 (int8, +10 s, greedy) 9.9 %; `beam_size` 4-5 gives 5.0 % for +20-46 ms a final (beam 3: 5.9 %);
 the 30 s window costs +290-770 ms (9.9 % greedy, 6.9 % beam 5). flite's "Why is the sky blue?"
 is heard as "... this guy blue?" 5 of 6 times greedy, 2 of 6 with beam 5; only beam 5 with the
-30 s window got it right 6 of 6. The default stays greedy; `WhisperOptions(beam_size=5)`
-(`duplex serve --asr-beam 5`) buys the accuracy.
+30 s window got it right 6 of 6. Partials stay greedy (re-decoded every hop, only shown); the
+final searches a beam of 5 (`final_beam_size`): it is what the reply answers, and it usually
+runs in the pause before the turn is confirmed (the speculative decode at a pause), where its
+extra time hides. With the hum question asked of a greedy decode, the beam final's dev WER is
+5.0 %, faster-whisper's own defaults' 6.9 % (`duplex bench quality`, docs/quality.md);
+`final_beam_size=1` (`duplex serve --asr-beam 1`) is the cheaper greedy final.
 """
 from __future__ import annotations
 
@@ -60,6 +64,10 @@ LOGPROB_THRESHOLD = -1.0  # ... means the window held no speech
 # flite words and questions x 4 leads, 16 kHz and phone band, no word changed; hums heard as
 # hums went 20 -> 27 of 28 (16 kHz) and 13 -> 24 of 28 (phone).
 HUM_RETRY_LOGPROB = -0.4
+# These figures are greedy decodes'. A beam's are not comparable: under beam 5 dev "five five"
+# is "5 5." at -0.89 and, primed, "Mm-hmm." at -0.83, which took two words off the dev set; so a
+# beam final asks the hum question of a greedy decode (same encoder output, a short utterance:
+# a few ms) and keeps its own words unless the greedy answer is a hum.
 HUM_RETRY_MAX_S = 2.0
 HUM_PROMPT = " Mm-hmm."
 HUM_TEXT = re.compile(r"(?:[mhnu]+(?:-[mhnu]+)*[.!?,]*\s*)+", re.IGNORECASE)
@@ -76,7 +84,10 @@ def embedded_model_path() -> Path:
 class WhisperOptions:
     hop_s: float = 1.0  # new audio needed before the next partial decode
     max_utterance_s: float = 28.0  # Whisper sees at most 30 s; the session finalizes before this
-    beam_size: int = 1  # 5: dev WER 9.9 -> 5.0 % for ~+20-46 ms a final (module docstring)
+    beam_size: int = 1  # partials: greedy, they are re-decoded every hop and only shown
+    # the final decode's beam (None: `beam_size`): 5 takes dev WER 9.9 -> 5.0 % for ~+20-46 ms a
+    # final, mostly spent in the pause before the turn is confirmed (module docstring)
+    final_beam_size: int | None = 5
     language: str = "en"
     window_pad_s: float | None = 10.0  # encoder window = utterance + this (None: always 30 s)
 
@@ -115,22 +126,30 @@ class WhisperRecognizer:
     def open_decoder(self) -> "UtteranceDecoder":
         return UtteranceDecoder(self)
 
+    @property
+    def final_beam_size(self) -> int:
+        """The beam of a final decode (`UtteranceDecoder.decode`)."""
+        opts = self.options
+        return opts.beam_size if opts.final_beam_size is None else opts.final_beam_size
+
     def transcribe(self, audio: np.ndarray, word_timestamps: bool = False,
-                   keep_going: Callable[[], bool] | None = None) -> tuple[str, tuple[Word, ...]] | None:
+                   keep_going: Callable[[], bool] | None = None,
+                   beam_size: int | None = None) -> tuple[str, tuple[Word, ...]] | None:
         """Decode one buffer of float32 16 kHz audio. Blocking. `keep_going` is asked before the
         decode and again after the encoder (about half of it); when it says no, the decode is
-        abandoned and None is returned."""
+        abandoned and None is returned. `beam_size` defaults to the options' (partials')."""
         if audio.size < SAMPLE_RATE // 10:
             return "", ()
+        beam = self.options.beam_size if beam_size is None else beam_size
         with self._lock:
             if keep_going is not None and not keep_going():
                 return None
             if self.options.window_pad_s is not None:
-                return self._transcribe_window(audio, word_timestamps, keep_going)
-            # One greedy pass with a token budget that follows the audio's length: Whisper's
+                return self._transcribe_window(audio, word_timestamps, keep_going, beam)
+            # One pass with a token budget that follows the audio's length: Whisper's
             # temperature fallback re-decodes up to six times.
             segments, _ = self.model.transcribe(
-                audio, language=self.options.language, beam_size=self.options.beam_size,
+                audio, language=self.options.language, beam_size=beam,
                 word_timestamps=word_timestamps, vad_filter=False, temperature=0.0,
                 max_new_tokens=_token_budget(audio),
                 condition_on_previous_text=False, without_timestamps=not word_timestamps,
@@ -146,8 +165,9 @@ class WhisperRecognizer:
         return text, tuple(words)
 
     def _transcribe_window(self, audio: np.ndarray, word_timestamps: bool,
-                           keep_going: Callable[[], bool] | None = None) -> tuple[str, tuple[Word, ...]] | None:
-        """One greedy decode with the encoder window cut to the audio plus `window_pad_s`."""
+                           keep_going: Callable[[], bool] | None = None,
+                           beam_size: int = 1) -> tuple[str, tuple[Word, ...]] | None:
+        """One decode with the encoder window cut to the audio plus `window_pad_s`."""
         from faster_whisper.transcribe import get_compression_ratio, merge_punctuations
 
         model, (tok, suppress) = self.model, self._tokenizer()
@@ -162,20 +182,22 @@ class WhisperRecognizer:
         if keep_going is not None and not keep_going():
             return None
 
-        def generate(previous: list[int]):
+        def generate(previous: list[int], beam: int):
             prompt = [*previous, *tok.sot_sequence, tok.no_timestamps]
             result = model.model.generate(
-                encoded, [prompt], beam_size=self.options.beam_size, max_length=len(prompt) + _token_budget(audio),
+                encoded, [prompt], beam_size=beam, max_length=len(prompt) + _token_budget(audio),
                 suppress_blank=True, suppress_tokens=suppress,
                 return_scores=True, return_no_speech_prob=True)[0]
             tokens = drop_repeated_tail([t for t in result.sequences_ids[0] if t < tok.eot])
             return result, tokens, tok.decode(tokens).strip()
 
-        result, tokens, text = generate([])
-        if audio.size <= HUM_RETRY_MAX_S * SAMPLE_RATE and result.scores[0] < HUM_RETRY_LOGPROB:
-            hum = generate([tok.sot_prev, *tok.encode(HUM_PROMPT)])  # the encoder's output is reused
-            if HUM_TEXT.fullmatch(hum[2]) and hum[0].scores[0] > result.scores[0]:
-                result, tokens, text = hum
+        result, tokens, text = generate([], beam_size)
+        if audio.size <= HUM_RETRY_MAX_S * SAMPLE_RATE:  # the encoder's output is reused
+            greedy = result if beam_size == 1 else generate([], 1)[0]
+            if greedy.scores[0] < HUM_RETRY_LOGPROB:
+                hum = generate([tok.sot_prev, *tok.encode(HUM_PROMPT)], 1)
+                if HUM_TEXT.fullmatch(hum[2]) and hum[0].scores[0] > greedy.scores[0]:
+                    result, tokens, text = hum
         if not text or get_compression_ratio(text) > MAX_COMPRESSION_RATIO:
             return "", ()  # a looping hypothesis, dropped as Whisper's own rule would
         if result.no_speech_prob > NO_SPEECH_THRESHOLD and result.scores[0] < LOGPROB_THRESHOLD:
@@ -329,7 +351,9 @@ class UtteranceDecoder:
         n = self._n if n_samples is None else max(0, min(int(n_samples), self._n))
         if self._cached is not None and self._cached[0] == n:
             return self._cached[1]
-        text, words = self.recognizer.transcribe(self._buf[:n], word_timestamps=True)  # type: ignore[misc]
+        rec = self.recognizer
+        text, words = rec.transcribe(self._buf[:n], word_timestamps=True,  # type: ignore[misc]
+                                     beam_size=rec.final_beam_size)
         off = self.offset_s
         hyp = Hypothesis(text=text, words=tuple(Word(w.text, w.start + off, w.end + off) for w in words),
                          final=True, stable_text=text)

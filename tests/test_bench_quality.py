@@ -1,0 +1,32 @@
+"""`duplex bench quality`'s measures: when a reply echoes the user, and when a key word is heard."""
+from agent.bench_quality import SPOKEN, VOICES, content_words, echoes, key_heard
+
+
+def test_a_reply_that_says_the_users_words_back_echoes():
+    assert echoes("He was not an old-sposed young man.", "He was not a young man.")
+    assert echoes("The meeting got moved to Friday.", "The meeting was moved to Friday.")
+    assert echoes("Go forward 10 meters.", "Going forward ten meters.")
+
+
+def test_a_reply_that_answers_does_not_echo():
+    assert not echoes("Why is the sky blue?", "The sky is blue because air scatters blue light more.")
+    assert not echoes("I had a terrible day at work.", "I'm sorry. Do you want to talk about it?")
+    assert not echoes("Go forward 10 meters.", "")  # no reply says nothing back
+
+
+def test_content_words_drop_stop_words_and_endings():
+    assert content_words("The cats were playing in the garden.") == ["cat", "play", "garden"]
+
+
+def test_a_key_word_is_heard_as_a_whole_word_after_normalising():
+    assert key_heard("sky", "Why is the sky blue?")
+    assert not key_heard("sky", "Why is this guy blue?")
+    assert key_heard("Romeo", "who wrote romeo and juliet")
+    assert not key_heard("bees", "What do these make?")
+
+
+def test_the_spoken_set_mixes_statements_and_questions_in_every_voice():
+    kinds = [kind for _, _, kind in SPOKEN]
+    assert 18 <= len(SPOKEN) <= 24 and kinds.count("statement") >= 8 and kinds.count("question") >= 8
+    assert all(key_heard(key, text) for text, key, _ in SPOKEN)
+    assert len(SPOKEN) >= 2 * len(VOICES)

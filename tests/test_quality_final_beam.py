@@ -1,0 +1,55 @@
+"""The final decode searches a beam while partials stay greedy: a final is what the reply answers,
+and it usually runs in the pause before the turn is confirmed; a partial is re-decoded every hop
+and only shown. `--asr-beam 1` gives the cheaper greedy final back."""
+import numpy as np
+
+from asr.whisper import WhisperOptions, WhisperRecognizer
+
+
+class RecordingRecognizer(WhisperRecognizer):
+    """A recognizer double: no model, records the beam each decode asks for."""
+
+    def __init__(self, options: WhisperOptions):
+        super().__init__(model=None, options=options)
+        self.beams: list[tuple[str, int]] = []
+
+    def transcribe(self, audio, word_timestamps=False, keep_going=None, beam_size=None):
+        kind = "final" if word_timestamps else "partial"
+        self.beams.append((kind, self.options.beam_size if beam_size is None else beam_size))
+        return "hello there", ()
+
+
+def decode_one(options: WhisperOptions) -> list[tuple[str, int]]:
+    rec = RecordingRecognizer(options)
+    dec = rec.open_decoder()
+    dec.push(np.zeros(32000, np.float32))
+    dec.partial(force=True)
+    dec.finalize()
+    return rec.beams
+
+
+def test_by_default_the_final_searches_a_beam_of_five_and_partials_are_greedy():
+    assert decode_one(WhisperOptions()) == [("partial", 1), ("final", 5)]
+
+
+def test_a_final_beam_of_one_is_the_greedy_final():
+    assert decode_one(WhisperOptions(final_beam_size=1)) == [("partial", 1), ("final", 1)]
+
+
+def test_without_a_final_beam_the_final_takes_the_partials_beam():
+    assert decode_one(WhisperOptions(beam_size=3, final_beam_size=None)) == [("partial", 3), ("final", 3)]
+
+
+def test_the_asr_beam_flag_sets_the_final_beam_only():
+    import argparse
+
+    from agent.cli import _model_args
+    from agent.models import ModelChoice, recognizer_options
+
+    parser = argparse.ArgumentParser()
+    _model_args(parser)
+    args = parser.parse_args(["--asr-beam", "1"])
+    opts = recognizer_options(ModelChoice(asr_beam=args.asr_beam))["options"]
+    assert (opts.final_beam_size, opts.beam_size) == (1, 1)
+    assert recognizer_options(ModelChoice()) == {}  # the default options: beam 5 finals
+    assert recognizer_options(ModelChoice(asr_beam=4))["options"].final_beam_size == 4
