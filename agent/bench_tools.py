@@ -2,7 +2,8 @@
 
 Spoken requests (flite, four voices) go at real-time pace through the WAV transport into a real
 `Session` serving an agent with four tools (weather, time, a table booking, end_call), one
-session per request so that no request sees another's calls. Half the requests need a tool, half
+session per request so that no request sees another's calls; each call begins with the agent's
+greeting, which the caller hears out (`GREETING_S`) before asking, as on a phone line. Half the requests need a tool, half
 are chit-chat that needs none. For each LLM it prints:
 - right tool and arguments: the share of tool requests whose first call named the expected tool
   with the expected arguments (strings compared without case or surrounding space);
@@ -67,7 +68,9 @@ def book_table(people: int, time: str) -> str:
 
 AGENT = Agent(instructions="You are a restaurant's phone assistant. Use the tools for the weather, the time, "
                            "bookings and ending the call. Reply in one short sentence.",
-              tools=[get_weather, get_time, book_table, end_call], tool_policy=ToolPolicy(filler_delay_s=1.0))
+              tools=[get_weather, get_time, book_table, end_call], tool_policy=ToolPolicy(filler_delay_s=1.0),
+              greeting="Hello, how can I help?")
+GREETING_S = 3.0  # the caller listens to the greeting before asking (the session reads the tools meanwhile)
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,7 @@ async def one_request(models, pcm: np.ndarray, speech_end_s: float, work: Path, 
     # what the model asked for, run or not (an unknown tool, a call refused)
     asked = sum(e.args.get("tool_calls", 0) for e in tracer.events() if e.stage == Stage.LLM and e.name == Ev.GENERATE)
     end = transport.t0 + transport.input_start_times[0] + speech_end_s
-    rec = next(iter(session.records), None)
+    rec = next((r for r in session.records if r.user_text), None)  # the request's turn, not the greeting
     v2v = (rec.first_audio_out - end) * 1000 if rec is not None and rec.first_audio_out else None
     return {"heard": rec.user_text if rec else "", "reply": rec.heard_text if rec else "", "calls": ran,
             "asked": asked, "voice_to_voice_ms": round(v2v, 1) if v2v is not None else None}
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="duplex-bench-tools-"))
     script = []
-    lead = np.zeros(int(LEAD_S * ASR_RATE), np.float32)
+    lead = np.zeros(int((GREETING_S + LEAD_S) * ASR_RATE), np.float32)
     for i, request in enumerate(REQUESTS[:args.requests]):
         voice = VOICES[i % len(VOICES)]
         pcm = np.concatenate([lead, _flite(request.text, voice, work / f"q{i}.wav"), np.zeros(ASR_RATE // 2, np.float32)])
