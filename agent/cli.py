@@ -181,7 +181,8 @@ def cmd_serve(args) -> int:
                          allowed_hosts=args.allowed_host or [], public_url=args.public_url,
                          insecure_no_auth=args.insecure_no_auth,
                          holding=HoldingPolicy(idle_s=args.idle_timeout, max_call_s=args.max_call),
-                         sources=SourcePolicy(max_live=args.max_per_source, per_minute=args.connect_rate),
+                         sources=SourcePolicy(max_live=args.max_per_source, per_minute=args.connect_rate,
+                                              trusted_proxies=tuple(args.trusted_proxy or ())),
                          metrics_port=args.metrics_port,
                          audiosocket_allow=args.audiosocket_allow or ["127.0.0.0/8", "::1/128"],
                          ice_hosts=args.ice_host or [], ice_servers=args.ice_server or [],
@@ -377,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connect-rate", type=float, default=60.0, metavar="PER_MINUTE",
                    help="new conversations a minute from one address on those routes, bursts of 20 "
                         "allowed (default 60; 0: no limit); beyond it HTTP 429")
+    p.add_argument("--trusted-proxy", action="append", metavar="CIDR",
+                   help="a reverse proxy in front (repeatable): requests from it are counted by the "
+                        "address in its X-Forwarded-For for --max-per-source and --connect-rate")
     p.add_argument("--twilio-auth-token", default=os.environ.get("TWILIO_AUTH_TOKEN") or None,
                    help="check Twilio's X-Twilio-Signature on /twilio with this account auth token "
                         "(default: $TWILIO_AUTH_TOKEN)")

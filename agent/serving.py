@@ -97,8 +97,9 @@ class ServeConfig:
 
     def exposure_error(self) -> str | None:
         """Why this configuration must not start: listening beyond loopback with no token and
-        no explicit opt-out. ValueError for a bad --audiosocket-allow."""
+        no explicit opt-out. ValueError for a bad --audiosocket-allow or --trusted-proxy."""
         networks(self.audiosocket_allow)
+        SourceLimits(self.sources)  # a bad --trusted-proxy stops here too
         if is_loopback(self.host) or self.auth_token or self.insecure_no_auth:
             return None
         return (f"refusing to listen on {self.host or 'every address'} without --auth-token: anyone who "

@@ -102,3 +102,28 @@ async def test_one_address_is_refused_beyond_its_share_with_429():
                 statuses.append(exc.response.status_code)
         assert statuses == [101, 429, 429], statuses
         assert (await get(s.port, "/healthz"))[0] == 200  # probes are not limited
+
+
+def test_a_trusted_proxy_is_counted_by_the_address_it_forwards_for():
+    limits = SourceLimits(SourcePolicy(trusted_proxies=("10.0.0.0/8",)))
+    assert limits.client("10.1.2.3", "198.51.100.7") == "198.51.100.7"
+    assert limits.client("10.1.2.3", "203.0.113.9, 198.51.100.7, 10.9.9.9") == "198.51.100.7"  # proxies skipped
+    assert limits.client("10.1.2.3", "not-an-address") == "10.1.2.3"
+    assert limits.client("192.0.2.1", "198.51.100.7") == "192.0.2.1"  # not a proxy of ours: its claim is ignored
+    assert SourceLimits().client("127.0.0.1", "198.51.100.7") == "127.0.0.1"  # none trusted by default
+
+
+async def test_behind_a_trusted_proxy_each_forwarded_address_has_its_own_share():
+    sources = SourcePolicy(max_live=1, per_minute=600, burst=100, trusted_proxies=("127.0.0.1/32",))
+    async with serving(sources=sources) as s:
+        alice = {"X-Forwarded-For": "198.51.100.7"}
+        async with connect(s.url("/ws"), additional_headers=alice):
+            assert await await_until(lambda: s.admission.live == 1, timeout=10)
+            try:
+                async with connect(s.url("/ws"), additional_headers=alice):
+                    status = None
+            except InvalidStatus as exc:
+                status = exc.response.status_code
+            assert status == 429
+            async with connect(s.url("/ws"), additional_headers={"X-Forwarded-For": "198.51.100.8"}):
+                assert await await_until(lambda: s.admission.live == 2, timeout=10)  # bob has his own

@@ -7,7 +7,9 @@ Sans-I/O: addresses are strings, the clock is passed in. The state is bounded: a
 `max_sources` addresses are remembered (the least recently seen forgotten first; an address
 with live conversations is counted apart and never forgotten while they last). Addresses in
 `exempt` (default loopback: a reverse proxy on this machine is every caller at once) are not
-limited.
+limited. Behind a proxy, name it in `trusted_proxies`: a request from it is counted by the
+address it says it forwards for (the right-most X-Forwarded-For entry that is not itself a
+trusted proxy); a request from anywhere else by its own address, whatever it claims.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 LOOPBACK = ("127.0.0.0/8", "::1/128")
+ANY = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class SourcePolicy:
     burst: int = 20
     exempt: tuple[str, ...] = LOOPBACK
     max_sources: int = 4096
+    trusted_proxies: tuple[str, ...] = ()  # networks whose X-Forwarded-For is believed
 
 
 class SourceLimits:
@@ -34,17 +38,22 @@ class SourceLimits:
         self.policy = policy or SourcePolicy()
         self.clock = clock
         self._exempt = [ipaddress.ip_network(n, strict=False) for n in self.policy.exempt]
+        self._proxies = [ipaddress.ip_network(n, strict=False) for n in self.policy.trusted_proxies]
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # address -> (tokens, when)
         self.live: dict[str, int] = {}
 
     def exempt(self, source: str | None) -> bool:
-        try:
-            ip = ipaddress.ip_address((source or "").split("%")[0])
-        except ValueError:
-            return False
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        return any(ip.version == n.version and ip in n for n in self._exempt)
+        return _within(source, self._exempt)
+
+    def client(self, peer: str | None, forwarded_for: str | None) -> str | None:
+        """The address to count a request by: `peer`'s own, or, when `peer` is a trusted
+        proxy, the right-most X-Forwarded-For entry that is not a trusted proxy."""
+        if not self._proxies or not forwarded_for or not _within(peer, self._proxies):
+            return peer
+        for hop in reversed([h.strip() for h in forwarded_for.split(",")]):
+            if not _within(hop, self._proxies):
+                return hop if _within(hop, ANY) else peer  # not an address: counted as the proxy
+        return peer
 
     def refusal(self, source: str | None) -> str | None:
         """One request to start a conversation from `source`: why it is refused (counted against
@@ -80,6 +89,16 @@ class SourceLimits:
             self.live[source] = n - 1
         elif n == 1:
             del self.live[source]
+
+
+def _within(address: str | None, networks: Sequence) -> bool:
+    try:
+        ip = ipaddress.ip_address((address or "").split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return any(ip.version == n.version and ip in n for n in networks)
 
 
 def source_of(remote_address: Sequence | None) -> str | None:

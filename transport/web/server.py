@@ -18,6 +18,7 @@ from websockets.http11 import Request, Response
 from transport.admission import Admission
 from transport.audio import Int16RateAdapter
 from transport.base import AudioIn, AudioOut, ClientEvent, InputEvent, Played, Transport
+from transport.credentials import header
 from transport.events import SessionEvent
 from transport.limits import SourceLimits, source_of
 from transport.websocket_io import abnormal_close, recv_or_none, send_all
@@ -220,8 +221,12 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
     limits = limits or SourceLimits()
     limited = {"/ws", *post_routes, *guarded_routes, *(p for p in factories if p not in guards)}
 
+    def caller(remote_address, request: Request) -> str | None:
+        """The address a request is counted by (a trusted proxy's X-Forwarded-For, else the peer)."""
+        return limits.client(source_of(remote_address), header(request, "X-Forwarded-For"))
+
     def over_limit(connection: BodyConnection, request: Request, path: str) -> Response | None:
-        if path not in limited or (reason := limits.refusal(source_of(connection.remote_address))) is None:
+        if path not in limited or (reason := limits.refusal(caller(connection.remote_address, request))) is None:
             return None
         log.warning("refused %s %s from %s: %s", request.method[:16], path, connection.remote_address, reason)
         response = _text(HTTPStatus.TOO_MANY_REQUESTS, reason + "\n")
@@ -242,7 +247,7 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
                         refusal[1].strip())
             return _refused(refusal)
         return _answer(*await post_routes[path](request, connection.splitter.body or b"",
-                                                source_of(connection.remote_address)))
+                                                caller(connection.remote_address, request)))
 
     async def process_request(connection: BodyConnection, request: Request):
         path = _path(request)
@@ -283,7 +288,7 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
 
     async def on_ws(ws: ServerConnection) -> None:
         path = _path(ws.request)
-        source = source_of(ws.remote_address) if path in limited else None
+        source = caller(ws.remote_address, ws.request) if path in limited else None
         if not limits.enter(source):  # handshakes from one address passed its check at once
             await ws.close(1013, "too many conversations from your address")
             return
