@@ -215,3 +215,15 @@ def test_a_small_models_tool_round_reads_the_earlier_turns_as_a_transcript():
                                     "(get_weather returned: sunny)\nYou: It is sunny.\n\nThe caller now says: and the time?"}]
     first = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]
     assert INLINE.prepare(first) == first
+
+
+async def test_a_server_that_ignores_max_tokens_is_not_read_for_ever():
+    endless = [_chunk({"content": f" w{i}"}) for i in range(500)]
+    server, _ = await _replay(endless)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        llm = OpenAICompatChat(f"http://127.0.0.1:{port}/v1", model="m")
+        items = [i async for i in llm.stream([{"role": "user", "content": "x"}], max_tokens=10)]
+    finally:
+        server.close()
+    assert 10 <= len(items) <= 11, len(items)
