@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from transport.base import AudioOut, InputEvent, Transport
+from transport.base import AudioOut, PassThrough, Transport
 from transport.events import FinalTranscript, PartialTranscript, SessionEvent, StateChanged
 
 IDLE_GOODBYE = "I haven't heard anything for a while, so I'll end our call now. Goodbye."
@@ -69,25 +69,16 @@ class Holding:
         return max(0.0, min(waits)) if waits else None
 
 
-class HeldTransport:
+class HeldTransport(PassThrough):
     """A conversation's transport, passed through, telling `holding` what goes by."""
 
     def __init__(self, inner: Transport, holding: Holding, clock: Callable[[], float] = time.monotonic):
-        self.inner, self.holding, self.clock = inner, holding, clock
-        self.reports_playout = inner.reports_playout
-
-    def __getattr__(self, name: str):  # kind, input_sample_rate, abnormal_end, ... of the inner one
-        return getattr(self.inner, name)
-
-    async def receive(self) -> InputEvent | None:
-        return await self.inner.receive()
+        super().__init__(inner)
+        self.holding, self.clock = holding, clock
 
     async def send_audio(self, chunk: AudioOut) -> None:
         self.holding.heard(self.clock())
         await self.inner.send_audio(chunk)
-
-    async def clear(self) -> None:
-        await self.inner.clear()
 
     async def send_event(self, event: SessionEvent) -> None:
         if isinstance(event, StateChanged):

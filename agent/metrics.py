@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from agent.stages import STAGE_KEYS
-from transport.base import AudioOut, InputEvent, Transport
+from transport.base import PassThrough, Transport
 from transport.events import SessionError, SessionEvent, TurnLatency
 
 log = logging.getLogger("duplex.metrics")
@@ -130,23 +130,14 @@ class PoolCollector(Collector):
                                   value=s.refusals)
 
 
-class WatchedTransport:
+class WatchedTransport(PassThrough):
     """A conversation's transport, passed through, noting the events that metrics need: each
     finished turn's latency, and an error that ended the conversation."""
 
     def __init__(self, inner: Transport, metrics: ServerMetrics):
-        self.inner, self.metrics = inner, metrics
-        self.reports_playout = inner.reports_playout
+        super().__init__(inner)
+        self.metrics = metrics
         self.fatal: str | None = None
-
-    async def receive(self) -> InputEvent | None:
-        return await self.inner.receive()
-
-    async def send_audio(self, chunk: AudioOut) -> None:
-        await self.inner.send_audio(chunk)
-
-    async def clear(self) -> None:
-        await self.inner.clear()
 
     async def send_event(self, event: SessionEvent) -> None:
         if isinstance(event, TurnLatency):

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import re
 
-from transport.base import AudioOut, InputEvent, Transport
+from transport.base import PassThrough, Transport
 from transport.events import SessionError, SessionEvent, TurnLatency
 
 log = logging.getLogger("duplex.serve")
@@ -33,24 +33,12 @@ def public(code: str, message: str) -> str:
     return PLAIN.get(code, GENERIC) if _WHERE.search(message or "") else message
 
 
-class PublicErrorsTransport:
+class PublicErrorsTransport(PassThrough):
     """A conversation's transport, passed through, with errors made fit for the caller."""
 
     def __init__(self, inner: Transport, session_id: str):
-        self.inner, self.session_id = inner, session_id
-        self.reports_playout = inner.reports_playout
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
-
-    async def receive(self) -> InputEvent | None:
-        return await self.inner.receive()
-
-    async def send_audio(self, chunk: AudioOut) -> None:
-        await self.inner.send_audio(chunk)
-
-    async def clear(self) -> None:
-        await self.inner.clear()
+        super().__init__(inner)
+        self.session_id = session_id
 
     async def send_event(self, event: SessionEvent) -> None:
         if isinstance(event, SessionError) and (told := public(event.code, event.message)) != event.message:

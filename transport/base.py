@@ -69,3 +69,28 @@ class Transport(Protocol):
 
     async def send_event(self, event: SessionEvent) -> None:
         """UI and diagnostic events (partials, bot text, latency); ignored where meaningless."""
+
+
+class PassThrough:
+    """A transport wrapped: every call goes to `inner` (and any other attribute is `inner`'s); a
+    subclass overrides the calls it watches or changes."""
+
+    def __init__(self, inner: Transport):
+        self.inner = inner
+        self.reports_playout = inner.reports_playout
+
+    def __getattr__(self, name: str):  # kind, input_sample_rate, abnormal_end, ... of the inner one
+        return getattr(self.inner, name)
+
+    async def receive(self) -> InputEvent | None:
+        return await self.inner.receive()
+
+    async def send_audio(self, chunk: AudioOut) -> None:
+        await self.inner.send_audio(chunk)
+
+    async def clear(self) -> None:
+        await self.inner.clear()
+
+    async def send_event(self, event: SessionEvent) -> None:
+        await self.inner.send_event(event)
+
