@@ -247,6 +247,9 @@ def conversation_figures(res: dict, clips: list[Clip]) -> dict:
             "echoes": len(echoed), "echo_share": round(len(echoed) / len(replies), 3) if replies else None,
             "echoed": echoed,
             "voice_to_voice_p50_ms": res["voice_to_voice_p50_ms"], "voice_to_voice_p90_ms": res["voice_to_voice_p90_ms"],
+            "stages_mean_ms": res["stages_mean_ms"], "loop_lag": res["loop_lag"],
+            "repeated_replies": sum(r.get("reply") in [x.get("reply") for x in rows[:i]]
+                                    for i, r in enumerate(rows) if r.get("reply")),
             "turns": [{k: r.get(k) for k in ("input", "said", "heard", "reply", "voice_to_voice_ms")} for r in rows]}
 
 
@@ -340,12 +343,12 @@ def main(argv: list[str] | None = None) -> int:
                         asr.close()
                     conv.setdefault(name, []).append(conversation_figures(res, spoken))
         print("\nconversations (concurrent mode): key words heard in the live finals; replies that echo "
-              "the user; voice-to-voice (first bot audio - exact end of speech)")
-        print(f"{'setting':<20} {'round':>5} {'keywords':>8} {'echoes':>8} {'v2v p50':>8} {'p90':>6}")
+              "the user; replies word for word an earlier one's; voice-to-voice (first bot audio - exact end of speech)")
+        print(f"{'setting':<20} {'round':>5} {'keywords':>8} {'echoes':>8} {'repeats':>7} {'v2v p50':>8} {'p90':>6}")
         for name, runs in conv.items():
             for rnd, f in enumerate(runs):
                 print(f"{name:<20} {rnd + 1:>5} {f['keywords_heard']:>4}/{f['keywords_of']:<3} "
-                      f"{f['echoes']:>3}/{f['replies']:<4} {f['voice_to_voice_p50_ms'] or 0:>8.0f} "
+                      f"{f['echoes']:>3}/{f['replies']:<4} {f['repeated_replies']:>7} {f['voice_to_voice_p50_ms'] or 0:>8.0f} "
                       f"{f['voice_to_voice_p90_ms'] or 0:>6.0f}")
                 if args.verbose:
                     for t in f["turns"]:
