@@ -9,7 +9,8 @@ are chit-chat that needs none. For each LLM it prints:
   with the expected arguments (strings compared without case or surrounding space);
 - false calls: the share of chit-chat requests where the model asked for any tool;
 - voice-to-voice (exact end of speech to the first reply audio: a filler or the answer) of the
-  tool requests and of the chit-chat ones, p50 and p90.
+  tool requests and of the chit-chat ones, p50 and p90, and of the chit-chat requests to the same
+  agent without tools (what offering tools costs a turn that needs none).
 The recognizer, the voice and the models' settings are duplex's defaults; only the LLM varies.
 """
 from __future__ import annotations
@@ -122,7 +123,12 @@ def right_call(request: Request, calls: list[tuple[str, dict]]) -> bool:
     return True
 
 
-async def one_request(models, pcm: np.ndarray, speech_end_s: float, work: Path, name: str) -> dict:
+# the same agent without tools: what its chit-chat turns cost when no tool is on offer
+PLAIN = Agent(instructions=AGENT.instructions, greeting=AGENT.greeting)
+
+
+async def one_request(models, pcm: np.ndarray, speech_end_s: float, work: Path, name: str,
+                      agent: Agent = AGENT) -> dict:
     from agent.session import Session, SessionConfig
     from agent.session_events import ToolCallStarted
     from agent.trace import Ev, Stage, Tracer
@@ -131,7 +137,7 @@ async def one_request(models, pcm: np.ndarray, speech_end_s: float, work: Path, 
     transport = WavConversationTransport([ScriptedTurn(pcm, ASR_RATE, name)], models.tts.sample_rate,
                                          str(work / f"{name}.wav"), gap_s=0.5, reply_timeout_s=30.0)
     tracer = Tracer(name, capacity=1 << 14)
-    session = Session(models, transport, SessionConfig(), tracer=tracer, session_id=name, agent=AGENT)
+    session = Session(models, transport, SessionConfig(), tracer=tracer, session_id=name, agent=agent)
     ran: list[tuple[str, dict]] = []
     session.on(ToolCallStarted, lambda ev: ran.append((ev.name, ev.arguments)))
     try:
@@ -158,19 +164,29 @@ async def run_model(models, script: list[tuple[Request, str, np.ndarray, float]]
         mark = {True: "ok", False: "WRONG", None: "false call" if row["false_call"] else "ok"}[row["right"]]
         print(f"  {request.text[:42]:<42} {voice:<4} {mark:<10} v2v {row['voice_to_voice_ms']!s:>7} ms  "
               f"calls {[c[0] for c in row['calls']]}  heard {row['heard']!r} -> {row['reply'][:60]!r}", flush=True)
+    for i, (request, voice, pcm, end) in enumerate(script):
+        if request.tool is None:
+            row = await one_request(models, pcm, end, work, f"p{i}", PLAIN)
+            rows.append({**row, "request": request.text, "voice": voice, "want": None, "right": None,
+                         "false_call": None, "no_tools": True})
+            print(f"  {request.text[:42]:<42} {voice:<4} {'no tools':<10} v2v {row['voice_to_voice_ms']!s:>7} ms  "
+                  f"-> {row['reply'][:60]!r}", flush=True)
     return rows
 
 
 def summarize(rows: list[dict]) -> dict:
     tool = [r for r in rows if r["want"]]
-    chat = [r for r in rows if not r["want"]]
+    chat = [r for r in rows if not r["want"] and not r.get("no_tools")]
+    plain = [r for r in rows if r.get("no_tools")]
     v2v_tool = [r["voice_to_voice_ms"] for r in tool if r["voice_to_voice_ms"] is not None]
     v2v_chat = [r["voice_to_voice_ms"] for r in chat if r["voice_to_voice_ms"] is not None]
+    v2v_plain = [r["voice_to_voice_ms"] for r in plain if r["voice_to_voice_ms"] is not None]
     return {"right_tool_and_args": round(sum(r["right"] for r in tool) / len(tool), 3) if tool else None,
             "false_calls_on_chitchat": round(sum(r["false_call"] for r in chat) / len(chat), 3) if chat else None,
             "tool_turns": len(tool), "chitchat_turns": len(chat),
             "v2v_tool_p50_ms": _pct(v2v_tool, 50), "v2v_tool_p90_ms": _pct(v2v_tool, 90),
-            "v2v_plain_p50_ms": _pct(v2v_chat, 50), "v2v_plain_p90_ms": _pct(v2v_chat, 90)}
+            "v2v_chitchat_p50_ms": _pct(v2v_chat, 50), "v2v_chitchat_p90_ms": _pct(v2v_chat, 90),
+            "v2v_no_tools_p50_ms": _pct(v2v_plain, 50), "v2v_no_tools_p90_ms": _pct(v2v_plain, 90)}
 
 
 def default_llms() -> list[str]:
@@ -214,12 +230,15 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         rows = asyncio.run(run_model(models, script, work))
         results[name] = {"summary": summarize(rows), "rows": rows, "wall_s": round(time.perf_counter() - t, 1)}
-    print(f"\n{'llm':<22} {'right tool+args':>15} {'false calls':>12} {'tool v2v p50/p90 ms':>20} {'plain v2v p50/p90 ms':>21}")
+    print(f"\n{'llm':<22} {'right tool+args':>15} {'false calls':>12} {'v2v p50/p90 ms: tool turns':>27} "
+          f"{'chit-chat':>15} {'same, no tools':>15}")
     for name, res in results.items():
         s = res["summary"]
         print(f"{name:<22} {_share(s['right_tool_and_args'], s['tool_turns']):>15} "
               f"{_share(s['false_calls_on_chitchat'], s['chitchat_turns']):>12} "
-              f"{_pair(s['v2v_tool_p50_ms'], s['v2v_tool_p90_ms']):>20} {_pair(s['v2v_plain_p50_ms'], s['v2v_plain_p90_ms']):>21}")
+              f"{_pair(s['v2v_tool_p50_ms'], s['v2v_tool_p90_ms']):>27} "
+              f"{_pair(s['v2v_chitchat_p50_ms'], s['v2v_chitchat_p90_ms']):>15} "
+              f"{_pair(s['v2v_no_tools_p50_ms'], s['v2v_no_tools_p90_ms']):>15}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     return 0
