@@ -73,5 +73,8 @@ async def test_fast_client_is_pushed_back_and_memory_stays_flat():
         assert sent_s <= processed_s + cap / SECOND + slack_s
     assert sent < hour, "the client should still be blocked, far from done"
     assert samples[-1][1] > 0, "the server kept processing"
+    # The flood offers 415 MB (an hour as msgpack floats): buffering it would show as hundreds of
+    # MiB. The margin is for what else lives in the test process (the allocator's arenas, torch's
+    # caches, earlier tests' garbage), which moves RSS by a few MiB on its own.
     growth = max(rss[10:]) - rss[10]
-    assert growth < 5 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB while being flooded"
+    assert growth < 16 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB while being flooded"

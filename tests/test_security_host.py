@@ -12,9 +12,10 @@ import os
 from test_serving import serving
 
 
-async def status_of(port: int, path: str, host: str, origin: str | None = None, upgrade: bool = False) -> int:
-    """The status line's code of one request to 127.0.0.1:port sent with `host` as its Host."""
-    lines = [f"GET {path} HTTP/1.1", f"Host: {host}"]
+async def status_of(port: int, path: str, host: str | None, origin: str | None = None, upgrade: bool = False) -> int:
+    """The status line's code of one request to 127.0.0.1:port sent with `host` as its Host
+    (None: an HTTP/1.0 request without one, as HAProxy's `option httpchk` sends)."""
+    lines = [f"GET {path} HTTP/1.1", f"Host: {host}"] if host is not None else [f"GET {path} HTTP/1.0"]
     if origin is not None:
         lines.append(f"Origin: {origin}")
     if upgrade:
@@ -52,3 +53,13 @@ async def test_loopback_names_ip_literals_and_listed_hosts_are_served():
     async with serving(public_url="wss://voice.example/agent") as s:
         assert await status_of(s.port, "/", "voice.example") == 200
         assert await status_of(s.port, "/", "agent.example") == 403
+
+
+async def test_a_probe_without_host_is_served_and_nothing_else_is():
+    """A load balancer's HTTP/1.0 health check sends no Host; a browser always sends one, so such a
+    request cannot be a rebound page. Only the probes answer it."""
+    async with serving() as s:
+        assert await status_of(s.port, "/healthz", None) == 200
+        assert await status_of(s.port, "/readyz", None) == 200
+        for path in ("/", "/metrics", "/webrtc/config"):
+            assert await status_of(s.port, path, None) == 400, path

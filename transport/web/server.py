@@ -32,6 +32,7 @@ STATIC = Path(__file__).parent / "static"
 # the protocol's largest frame (0.5 s of 48 kHz audio) fits with room; a frame between the
 # protocol's limit and this one gets a clear error event, a larger one closes the connection
 MAX_FRAME_BYTES = 64 * 1024
+PROBE_ROUTES = frozenset({"/healthz", "/readyz"})
 assert MAX_FRAME_BYTES > MAX_AUDIO_BYTES
 
 
@@ -168,7 +169,7 @@ async def run_ops_server(http_routes: dict[str, HttpRoute], admission: Admission
     it. Serves until cancelled."""
     def process_request(connection: ServerConnection, request: Request) -> Response:
         path = _path(request)
-        if path in ("/healthz", "/readyz"):
+        if path in PROBE_ROUTES:
             return _probe(admission, path)
         if path in http_routes:
             return _route_answer(http_routes[path])
@@ -251,7 +252,10 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
 
     async def process_request(connection: BodyConnection, request: Request):
         path = _path(request)
-        if (refusal := access.host_refusal(request)) is not None:  # DNS rebinding, on every route
+        # DNS rebinding, on every route; a probe without any Host (HAProxy's HTTP/1.0 `option
+        # httpchk`) is served: a browser always sends one, so it cannot be a rebound page
+        probe_without_host = path in PROBE_ROUTES and not request.headers.get_all("Host")
+        if not probe_without_host and (refusal := access.host_refusal(request)) is not None:
             log.warning("refused %s %s from %s: %s", request.method[:16], path[:100], connection.remote_address,
                         refusal[1].strip())
             return _refused(refusal)
@@ -280,7 +284,7 @@ async def run_server(handler: Handler, host: str, port: int, output_sample_rate:
                 log.warning("refused %s from %s: %s", path, connection.remote_address, refusal[1].strip())
                 return _refused(refusal)
             return _answer(*guarded_routes[path](request))
-        if path in ("/healthz", "/readyz"):
+        if path in PROBE_ROUTES:
             return _probe(admission, path, probe_reasons)
         if path in http_routes:
             return _route_answer(http_routes[path])
