@@ -18,6 +18,8 @@ _EXPORTS = {
     "ReplyFinished": "agent.session_events", "ToolCallStarted": "agent.session_events",
     "ToolCallFinished": "agent.session_events", "BargeIn": "agent.session_events",
     "SessionEnded": "agent.session_events", "DtmfReceived": "agent.session_events",
+    "TurnConfig": "agent.turns", "EndOfTurnPolicy": "agent.endpointing", "CombinedPolicy": "agent.endpointing",
+    "RulesPolicy": "agent.endpointing", "SmartTurnPolicy": "agent.endpointing", "SilencePolicy": "agent.endpointing",
 }
 __all__ = list(_EXPORTS)
 

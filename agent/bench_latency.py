@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.endpointing import DEFAULT_POLICY, POLICIES
+from agent.endpointing import DEFAULT_POLICY, POLICIES, policy_named
 from agent.stages import STAGE_KEYS, breakdown
 from agent.workers import run_in
 from llm import bundled
@@ -241,7 +241,7 @@ async def run_mode(models, script: list[ScriptLine], mode: str, args, out_wav: P
     transport = WavConversationTransport(turns, models.tts.sample_rate, str(out_wav), gap_s=args.gap,
                                          reply_timeout_s=args.reply_timeout)
     cfg = SessionConfig(mode=mode, max_tokens=args.max_tokens, first_chunk_words=args.first_chunk_words)
-    cfg.turns.endpointing = args.endpointing
+    cfg.turns.endpointing = policy_named(args.endpointing)
     if args.system_prompt:
         cfg.system_prompt = args.system_prompt
     session = Session(models, transport, cfg, tracer=tracer, session_id=f"bench-{label}")
@@ -336,7 +336,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tts", default="piper", help="piper | voice.onnx | espeak-ng | flite")
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--max-tokens", type=int, default=80)
-    p.add_argument("--endpointing", choices=POLICIES, default=DEFAULT_POLICY,
+    p.add_argument("--endpointing", choices=list(POLICIES), default=DEFAULT_POLICY,
                    help="end-of-turn policy, as duplex serve's --endpointing")
     p.add_argument("--first-chunk-words", type=positive_int, default=2,
                    help="words of the reply's first TTS chunk (fewer: first audio sooner, one more join)")
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         script = build_script(work, args.dev_dir or default_dev_dir(), args.turns)
         t = time.perf_counter()
         models = load_models(ModelChoice(asr=args.asr, llm=args.llm, llm_model=args.llm_model, tts=args.tts,
-                                         endpointing=args.endpointing))
+                                         endpointing=policy_named(args.endpointing)))
         load_s = time.perf_counter() - t
         if hasattr(models.llm, "temperature"):
             models.llm.temperature = args.temperature

@@ -27,7 +27,7 @@ real models and the real `TurnMachine`, as `agent.listener.Listener` drives them
 - simulated: the clock. Audio is not played in real time; each model call is placed on the
   stream clock at a fixed cost (`--eou-ms`, `--asr-ms`, `--text-ms`, one worker, calls in
   order), and its verdict reaches the machine at the first VAD frame after it is done. The
-  measured cost of each call on this machine is printed beside them. Not simulated: the
+  cost each call measures where the bench runs is printed beside them. Not simulated: the
   recognizer's partials (they feed only barge-in), the session's speculation (LLM, TTS) and any
   load they put on the CPU, transport chunking and resampling.
 Measured: latency = the time the turn ended minus the true end of speech (complete utterances,
@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.bench_latency import _pct, default_dev_dir, speech_end_offset
+from agent.endpointing import CombinedPolicy, RulesPolicy, SmartTurnPolicy
 from agent.eou import as_of_pause
 from agent.turns import (
     EndOfTurn,
@@ -116,9 +117,18 @@ class Costs:
 class Policy:
     name: str
     config: TurnConfig
-    text_model: bool = False  # asks the text turn model after the transcript
-    sweep: str = "eou_threshold"  # the TurnConfig field its trade-off curve varies
+    sweep: str = "eou_threshold"  # the policy's field its trade-off curve varies
     sweep_values: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+    @property
+    def text_model(self) -> bool:
+        """Asks the text turn model after the transcript."""
+        return self.config.endpointing.uses_text_model
+
+    def with_value(self, value: float) -> Policy:
+        """This policy with its swept field set to `value`."""
+        return replace(self, config=replace(self.config, endpointing=replace(self.config.endpointing,
+                                                                             **{self.sweep: value})))
 
 
 @dataclass
@@ -347,7 +357,7 @@ def replay(u: Utterance, policy: Policy, models: CachedModels, costs: Costs, max
     def ask_eou(t: float, i: int, t_end: float) -> float | None:
         """Start the smart-turn check (once per silence); returns when its verdict is due."""
         nonlocal eou_asked, busy_until
-        if not cfg.use_eou or eou_asked == t_end:
+        if not cfg.endpointing.uses_audio_model or eou_asked == t_end:
             return None
         eou_asked = t_end
         end = (i + 1) * FRAME
@@ -380,7 +390,7 @@ def replay(u: Utterance, policy: Policy, models: CachedModels, costs: Costs, max
                 return []
             features.append((round(td, 3), "text_p", (text, round(float(np.log10(max(p, 1e-12))), 2))))
             cmds = m.on_transcript(td, complete, p, t_end)
-            if not m.audio_first and not cmds and m.wants_audio_verdict():
+            if not m.policy.audio_first and not cmds and m.wants_audio_verdict():
                 ask_eou(td, int(td / FRAME_S + 1e-9) - 1, t_end)  # the listener's last whole frame
             return cmds
         schedule(due, deliver)
@@ -391,7 +401,7 @@ def replay(u: Utterance, policy: Policy, models: CachedModels, costs: Costs, max
         if not still_silent(t_end) or decodes >= max_decodes:
             return
         decodes += 1
-        due = (ask_eou(t, i, t_end) if m.audio_first else None) or max(t, busy_until)
+        due = (ask_eou(t, i, t_end) if m.policy.audio_first else None) or max(t, busy_until)
 
         def decode(te):
             nonlocal busy_until, early_text
@@ -422,7 +432,7 @@ def replay(u: Utterance, policy: Policy, models: CachedModels, costs: Costs, max
                 early_for = c.t_speech_end
                 early_transcript(t, i, c.t_speech_end, min(c.t_speech_end + final_pad_s, t))
             elif isinstance(c, SpeechPaused):
-                if m.audio_first:
+                if m.policy.audio_first:
                     ask_eou(t, i, c.t_speech_end)
                 if early_text is not None and early_text[0] == c.t_speech_end:
                     run(on_transcript(t, c.t_speech_end, early_text[1]), t, i)
@@ -473,11 +483,10 @@ def run_policy(utts: list[Utterance], policy: Policy, models: CachedModels, cost
 
 def policies(text_model: bool = True) -> list[Policy]:
     """The baselines and the new policy, at their defaults (agent/turns.py, agent/endpointing.py)."""
-    out = [Policy("rules (before)", TurnConfig(endpointing="rules")),
-           Policy("smart-turn alone", TurnConfig(endpointing="smart-turn"))]
+    out = [Policy("rules (before)", TurnConfig(endpointing=RulesPolicy())),
+           Policy("smart-turn alone", TurnConfig(endpointing=SmartTurnPolicy()))]
     if text_model:
-        out.append(Policy("combined (default)", TurnConfig(endpointing="combined"), text_model=True,
-                          sweep="combined_threshold"))
+        out.append(Policy("combined (default)", TurnConfig(endpointing=CombinedPolicy()), sweep="threshold"))
     return out
 
 
@@ -486,7 +495,7 @@ def extra_curves(text_model: bool = True) -> list[Policy]:
     may find the end of the message and still call it done)."""
     if not text_model:
         return []
-    return [Policy("combined (default)", TurnConfig(endpointing="combined"), text_model=True, sweep="text_bias",
+    return [Policy("combined (default)", TurnConfig(endpointing=CombinedPolicy()), sweep="text_bias",
                    sweep_values=(10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0, 17.0, 18.0))]
 
 
@@ -580,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
             print(HEADER.replace("policy", pol.sweep[:22].ljust(6), 1))
             curve = []
             for v in pol.sweep_values:
-                p2 = replace(pol, config=replace(pol.config, **{pol.sweep: v}))
+                p2 = pol.with_value(v)
                 s = summarize(run_policy(utts, p2, models, costs))
                 curve.append({pol.sweep: v, **s})
                 print_summary(f"{v:g}", s)

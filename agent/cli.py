@@ -9,7 +9,7 @@ import os
 import statistics
 import sys
 
-from agent.endpointing import DEFAULT_POLICY, POLICIES
+from agent.endpointing import DEFAULT_POLICY, POLICIES, policy_named
 from llm import bundled
 
 
@@ -51,11 +51,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--first-chunk-words", type=positive_int, default=2,
                    help="words of the reply's first TTS chunk (fewer: first audio sooner, one more join)")
     p.add_argument("--no-eou", action="store_true",
-                   help="end turns on silence alone (--endpoint-silence, 0.5 s), without the smart-turn model")
-    p.add_argument("--endpointing", choices=POLICIES, default=DEFAULT_POLICY,
+                   help="end turns on silence alone (--endpoint-silence, 0.5 s), without the smart-turn "
+                        "model: the same as --endpointing silence")
+    p.add_argument("--endpointing", choices=list(POLICIES), default=DEFAULT_POLICY,
                    help="end-of-turn policy (see duplex bench turns): combined (default: smart-turn's audio "
                         "score with a text model's end-of-message probability; loads SmolLM2-135M too), "
-                        "rules (smart-turn, then the transcript's punctuation and the pause), or smart-turn alone")
+                        "rules (smart-turn, then the transcript's punctuation and the pause), smart-turn alone, "
+                        "or silence (no turn model)")
     p.add_argument("--endpoint-silence", type=float, default=None, metavar="S",
                    help="rules: the silence that ends a turn whose transcript ends a sentence; --no-eou: the "
                         "silence that ends every turn (default 0.5 s; what pipecat calls the VAD's stop_secs)")
@@ -76,12 +78,7 @@ def _session_config(args):
     timeout = (args.llm_timeout or None) if is_endpoint(args.llm) else None
     cfg = SessionConfig(mode=args.mode, max_tokens=args.max_tokens, speculate=not args.no_speculation,
                         first_chunk_words=args.first_chunk_words, llm_timeout_s=timeout)
-    cfg.turns.use_eou = not args.no_eou
-    cfg.turns.endpointing = args.endpointing
-    if args.endpoint_silence is not None:
-        if not 0.0 < args.endpoint_silence <= cfg.turns.max_endpoint_s:
-            raise SystemExit(f"--endpoint-silence must be above 0 and at most {cfg.turns.max_endpoint_s:g} s")
-        cfg.turns.endpoint_silence_s = args.endpoint_silence
+    cfg.turns.endpointing = _policy(args)
     if args.system_prompt:
         cfg.system_prompt = args.system_prompt
     cfg.greeting = args.greeting or None
@@ -134,7 +131,17 @@ def _load(args):
     return load_models(ModelChoice(asr=args.asr, asr_api_key=args.asr_api_key, asr_slots=args.asr_slots,
                                    asr_beam=args.asr_beam, device=args.device, llm=args.llm,
                                    llm_model=args.llm_model, tts=args.tts,
-                                   eou=None if args.no_eou else "smart-turn-v3.2", endpointing=args.endpointing))
+                                   endpointing=_policy(args)))
+
+
+def _policy(args):
+    """The end-of-turn policy that --endpointing, --no-eou and --endpoint-silence name."""
+    name = "silence" if args.no_eou else args.endpointing
+    if args.endpoint_silence is not None and not 0.0 < args.endpoint_silence <= 1.5:
+        raise SystemExit("--endpoint-silence must be above 0 and at most 1.5 s")
+    if args.endpoint_silence is not None and name not in ("rules", "silence"):
+        raise SystemExit("--endpoint-silence is for --endpointing rules or silence (or --no-eou)")
+    return policy_named(name, args.endpoint_silence)
 
 
 def _engine_of(recognizer):

@@ -145,11 +145,12 @@ class Listener:
         self._echo = echo  # is this transcript the bot's own voice heard back (agent/echo.py)?
         self._turn = turn  # the index of the turn being spoken, for the trace
         turns = config.turns
-        if turns.endpointing == "combined" and not (turns.use_eou and hasattr(eou, "text_probability")):
-            if eou is not None and turns.use_eou:  # asked for, not given: say so (no models at all: silence)
-                log.warning("the combined end-of-turn policy needs a text turn model (agent.eou.CombinedEou); "
-                            "using the rules")
-            turns = replace(turns, endpointing="rules")
+        policy = turns.endpointing
+        if policy.uses_text_model and not hasattr(eou, "text_probability"):
+            if eou is not None:  # asked for, not given: say so (no models at all: quietly)
+                log.warning("the %s end-of-turn policy needs a text turn model (agent.eou.CombinedEou); "
+                            "using %s", policy.name, policy.without_text_model().name)
+            turns = replace(turns, endpointing=policy.without_text_model())
         self.turns = TurnMachine(turns)
         # (silence, text, its text turn probability): one check per silence and text, however
         # many callers ask (the early transcript and the pause both may)
@@ -287,7 +288,7 @@ class Listener:
             self._early_task = _spawn(self._early_transcript(cmd.t_speech_end, until, previous), "asr-early")
         elif isinstance(cmd, SpeechPaused):
             self.tracer.instant(Stage.TURN, Ev.PAUSE, turn=self._turn())
-            if self.turns.audio_first:
+            if self.turns.policy.audio_first:
                 self._start_eou_check(cmd.t_speech_end)  # unless asked already in this silence
             if self._early_text is not None and self._early_text[0] == cmd.t_speech_end:
                 await self._on_pause_transcript(*self._early_text)  # decoded before the pause
@@ -330,8 +331,8 @@ class Listener:
         self._pause_decodes += 1
         # the turn model first, alone (~35 ms): beside the decode or the LLM's prompt it would
         # take the cores they need. Its verdict waits in the turn machine for the pause.
-        # ("combined" asks it after the text score, if at all: `TurnMachine.audio_first`.)
-        eou = self._start_eou_check(t_end) if self.turns.audio_first else None
+        # (a policy that is not `audio_first` asks it after the text score, if at all)
+        eou = self._start_eou_check(t_end) if self.turns.policy.audio_first else None
         if eou is not None:
             await asyncio.wait([eou])
             if not self._still_silent_since(t_end):
@@ -340,7 +341,7 @@ class Listener:
             text, _ = await self._transcript_until(until, take=False)
         self._early_text = (t_end, text)
         if self._still_silent_since(t_end):
-            if self.turns.audio_first:
+            if self.turns.policy.audio_first:
                 self._start_eou_check(t_end)  # if the model was busy with an earlier silence
             await self._on_pause_transcript(t_end, text)
 
@@ -355,7 +356,7 @@ class Listener:
         if self.config.speculate_before_verdict:  # a verdict that ends the turn commits it
             await self._offer(t_end, text)
         text_p = None
-        if self.turns.config.endpointing == "combined":  # one text turn check per silence and text
+        if self.turns.policy.uses_text_model:  # one text turn check per silence and text
             if self._text_p is None or self._text_p[:2] != (t_end, text):
                 self._text_p = (t_end, text, _spawn(self._text_turn_check(text), "text-turn"))
             text_p = await asyncio.shield(self._text_p[2])
@@ -365,7 +366,7 @@ class Listener:
         # (judged first: a turn this verdict ended has its final next, the same decode, cached)
         if open_turn():
             await self._offer(t_end, text)
-        if not self.turns.audio_first and open_turn() and self.turns.wants_audio_verdict():
+        if not self.turns.policy.audio_first and open_turn() and self.turns.wants_audio_verdict():
             if self._eou_task is not None and not self._eou_task.done():
                 await asyncio.wait([self._eou_task])  # an earlier silence's: the policy waits for this one's
             if open_turn():
@@ -387,7 +388,7 @@ class Listener:
         partial: the LLM's own read-ahead of it (agent/session.py `_warm`) then runs alone, and
         both end sooner than side by side on two cores."""
         read = getattr(self.eou, "warm_text", None)
-        if (read is None or self.turns.config.endpointing != "combined" or not self.turns.in_speech
+        if (read is None or not self.turns.policy.uses_text_model or not self.turns.in_speech
                 or self.turns.state != State.USER_SPEAKING):
             return
         self._read_ahead_stop = stop = ReadAheadStop()
@@ -475,7 +476,7 @@ class Listener:
     def _start_eou_check(self, t_speech_end: float) -> asyncio.Task | None:
         """Ask the end-of-turn model about the utterance up to this silence (once per silence)."""
         eou = self.eou
-        if eou is None or not self.config.turns.use_eou or self._eou_asked == t_speech_end:
+        if eou is None or not self.turns.policy.uses_audio_model or self._eou_asked == t_speech_end:
             return None
         if self._eou_task is not None and not self._eou_task.done():
             return None

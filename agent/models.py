@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # CTranslate2 (Whisper), llama.cpp and torch parallelise with OpenMP (libgomp). Idle workers
 # that spin for long starve the other models on a small CPU (once measured here: 1.3 s -> 17 s
@@ -21,7 +21,7 @@ if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 from agent.config import Models
-from agent.endpointing import DEFAULT_POLICY
+from agent.endpointing import CombinedPolicy, EndOfTurnPolicy
 from llm import bundled
 
 log = logging.getLogger("duplex.models")
@@ -37,10 +37,10 @@ class ModelChoice:
     llm: str = bundled.DEFAULT  # a name in llm.bundled.BUNDLED | path.gguf | http://host:port/v1
     llm_model: str | None = None  # the model name at an OpenAI-compatible endpoint
     tts: str = "piper"  # piper | path/to/voice.onnx | espeak-ng | flite
-    eou: str | None = "smart-turn-v3.2"  # end-of-turn model; None: silence alone ends turns
-    # the end-of-turn policy (agent/endpointing.py): "combined" also loads a text model that
-    # scores whether the transcript is finished (agent.eou.TextTurnScorer)
-    endpointing: str = DEFAULT_POLICY
+    eou: str | None = "smart-turn-v3.2"  # the audio end-of-turn model, for policies that use one
+    # the end-of-turn policy (agent/endpointing.py): one that `uses_text_model` also loads a
+    # text model that scores whether the transcript is finished (agent.eou.TextTurnScorer)
+    endpointing: EndOfTurnPolicy = field(default_factory=CombinedPolicy)
     llm_threads: int | None = None
 
 
@@ -57,13 +57,13 @@ def load_models(choice: ModelChoice | None = None) -> Models:
     tts = load_synthesizer(choice.tts)
     vad = SileroVAD()
     eou = None
-    if choice.eou:
+    if choice.eou and choice.endpointing.uses_audio_model:
         from agent.eou import SmartTurn
 
         # the session asks it alone (nothing else runs until its verdict): both cores, ~23 ms
         # a check here against ~30 ms on one (after 100 ms idle, 6 dev clips)
         eou = SmartTurn(threads=min(2, os.cpu_count() or 1))
-        if choice.endpointing == "combined":
+        if choice.endpointing.uses_text_model:
             from agent.eou import CombinedEou, TextTurnScorer
 
             eou = CombinedEou(eou, TextTurnScorer.load("smollm2-135m"))

@@ -17,24 +17,21 @@ States::
   is the longest stage on the critical path). The session first asks the end-of-turn model (alone, before the decode: beside the
   decode or the LLM they would share the cores), then decodes, and when the decode ends and the
   user is still silent it speculates on the transcript (LLM + TTS, audio held back). A verdict
-  that comes before the pause is kept (`on_eou`) and acted on when the pause is confirmed, so a
-  complete turn ends at the pause. If the user goes on
-  (`min_speech_s` of speech) before the pause, `SpeechResumed` cancels the speculation and the
-  early verdict is dropped; the next silence asks anew.
+  that comes before the pause is kept (`on_eou`, `on_transcript`) for this silence, so a
+  complete turn ends at the pause. If the user goes on (`min_speech_s` of speech) before the
+  pause, `SpeechResumed` cancels the speculation and the early verdicts are dropped; the next
+  silence asks anew.
 - A *pause* (`pause_s` of silence after speech) emits `SpeechPaused`: the session speculates
   on the transcript if it has not yet, and asks the end-of-turn model unless it did for this
   silence. If speech resumes, `SpeechResumed` cancels the speculation.
-- The turn ends (`EndOfTurn`) when the end-of-turn model says the utterance is complete
-  (probability >= `eou_threshold`); or after `endpoint_silence_s` of silence when the transcript
-  at the pause ends a sentence (`on_transcript`; Whisper punctuates, and the acoustic model misses
-  many complete questions); or after `max_endpoint_s` of silence whatever they say. With no
-  end-of-turn model (`use_eou=False`) it ends after `endpoint_silence_s` of silence.
-  That is the "rules" policy (`endpointing="rules"`). The others (agent/endpointing.py) keep
-  the verdicts of the current silence (`on_eou`, `on_transcript` with the text turn model's
-  probability) and end the turn once Silero's silence reaches the policy's wait for them, which
-  may be shorter than `pause_s` (then `SpeechPaused` and `EndOfTurn` come together):
-  "smart-turn" (smart-turn alone: its verdict, else `max_endpoint_s`) and "combined", the default
-  (smart-turn + the chat model's end-of-message probability after the transcript + the pause length).
+- The turn ends (`EndOfTurn`) once Silero's silence reaches the wait that the end-of-turn
+  policy (`TurnConfig.endpointing`, agent/endpointing.py) sets from the verdicts of the
+  current silence: smart-turn's (`on_eou`), the transcript's punctuation and the text turn
+  model's probability (`on_transcript`). The wait may be shorter than `pause_s` (then
+  `SpeechPaused` and `EndOfTurn` come together). The policies: "combined", the default
+  (smart-turn + the chat model's end-of-message probability after the transcript + the pause
+  length), "rules" (smart-turn at the pause, else 0.5 s after a sentence, else 1.5 s),
+  "smart-turn" alone, and "silence" (no turn model).
 - Barge-in, in two steps: `barge_in_min_speech_s` of user speech while the bot thinks or speaks
   emits `PauseReply` and enters `interrupted`: the session holds the reply's audio at once (the
   far end drops what it buffered) and the reply waits, paused. Words in the utterance (its final
@@ -65,18 +62,17 @@ Defaults, and why:
   and added 2 decodes inside speech (10 instead of 8); it never fires in noise louder than -35 dB.
 - `pause_s` 0.2: pipecat's VAD stop_secs when a turn model follows; the smart-turn model then
   decides, so short pauses cost little.
-- `max_endpoint_s` 1.5: the fallback when the turn model says "incomplete" (LiveKit's
-  max_endpointing_delay is 3 s, pipecat's smart-turn stop_secs 3 s); shorter, because a wrong
-  "incomplete" is the common failure on terse answers.
-- `endpoint_silence_s` 0.5: LiveKit's min_endpointing_delay; used when the transcript looks
-  complete, or with no turn model.
+- The policies' longest wait, 1.5 s: the fallback when the turn model says "incomplete"
+  (LiveKit's max_endpointing_delay is 3 s, pipecat's smart-turn stop_secs 3 s); shorter, because
+  a wrong "incomplete" is the common failure on terse answers. The rules' 0.5 s after a
+  sentence is LiveKit's min_endpointing_delay.
 - `barge_in_min_speech_s` 0.1: three 32 ms frames, as for an utterance's start. A pause costs
   little when it proves false (the reply resumes at the sample it paused, nothing is lost), and
   the bot must stop within 250 ms of the user's onset: Silero's onset lag plus 0.1 s plus the
   clear's way to the far end. (It was 0.3 s when a barge-in cut the reply at once; LiveKit
   pauses after 0.5 s.)
 - `false_interruption_s` 2.0: LiveKit's false-interruption timeout, which also starts when the
-  user stops speaking. Longer than `max_endpoint_s`: the utterance's end of turn and its final
+  user stops speaking. Longer than the policies' longest wait: the utterance's end of turn and its final
   transcript decide first.
 - `partial_words_to_interrupt` 3, of the words the recognizer will not change (a partial's stable
   prefix; Whisper's: the words two partials in a row agree on): on a fragment of a hum Whisper
@@ -118,10 +114,10 @@ from __future__ import annotations
 import re
 import statistics
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from agent.endpointing import DEFAULT_POLICY, POLICIES, Features, combined_silence, smart_turn_silence
+from agent.endpointing import CombinedPolicy, EndOfTurnPolicy, Features
 
 
 # the sounds people make over a speaker to show they listen, and fillers, however a recognizer
@@ -146,8 +142,6 @@ def interrupting_words(text: str, backchannels: tuple[str, ...] = ()) -> int:
 BACKCHANNELS = ("yeah", "yep", "yup", "yes", "right", "okay", "ok", "sure", "alright", "cool", "wow", "nice",
                 "exactly", "indeed", "true", "gotcha", "uh", "huh")
 
-AUDIO_P_RANGE = (1e-4, 1 - 1e-4)  # smart-turn's verdicts stay inside this
-AUDIO_FRAME_S = 0.032  # a VAD frame: a change in the wait smaller than this changes nothing
 
 
 class State(str, Enum):
@@ -166,10 +160,6 @@ class TurnConfig:
     min_speech_s: float = 0.1
     decode_after_s: float = 0.03
     pause_s: float = 0.2
-    use_eou: bool = True
-    eou_threshold: float = 0.5
-    max_endpoint_s: float = 1.5
-    endpoint_silence_s: float = 0.5
     barge_in_min_speech_s: float = 0.1  # speech over the bot that pauses it
     false_interruption_s: float = 2.0  # silence after speech over the bot with no words: it resumes
     partial_words_to_interrupt: int = 3  # stable words of a partial that make speech over the bot an interruption
@@ -181,19 +171,8 @@ class TurnConfig:
     preroll_s: float = 0.3  # audio before the detected speech start that the recognizer gets
     quiet_db: float | None = -35.0  # the early-decode hint (None: off), below the utterance's peak
     quiet_max_prob: float = 0.97  # ... counted only once Silero's probability has begun to fall
-    # the end-of-turn policy (agent/endpointing.py): "combined" (smart-turn + the chat model's
-    # end-of-message probability + the pause length), "rules", "smart-turn" (alone)
-    endpointing: str = DEFAULT_POLICY
-    combined_threshold: float = 0.5  # "combined": P(done) at or above it ends at min_wait_s
-    min_wait_s: float = 0.1  # "combined": Silero silence that ends a turn judged done
-    text_weight: float = 3.0  # "combined": the text score's weight (logits added)
-    text_bias: float = 13.0  # "combined": added to the text score's logit
-    punctuation_wait_s: float | None = None  # "combined": a sentence-final transcript caps the wait
-    combined_needs_text: bool = True  # "combined": no decision before the text score
-
-    def __post_init__(self):
-        if self.endpointing not in POLICIES:
-            raise ValueError(f"endpointing must be one of {', '.join(POLICIES)}, not {self.endpointing!r}")
+    # the end-of-turn policy (agent/endpointing.py): when the silence after speech ends the turn
+    endpointing: EndOfTurnPolicy = field(default_factory=CombinedPolicy)
 
 
 # Commands the machine asks the session to carry out.
@@ -264,9 +243,7 @@ class TurnMachine:
         self._utterance_start = 0.0
         self._stopped = False  # SpeechStopped sent for the current silence
         self._paused = False  # SpeechPaused sent for the current silence
-        self._text_complete = False  # the transcript at this pause ends a sentence
-        self._early_eou: float | None = None  # a verdict on this silence that came before the pause
-        self._features = Features()  # what the policy knows of this silence (not "rules")
+        self._features = Features()  # what the policy knows of this silence
         self._resumable = False  # SpeechStopped sent in user_speaking: speech that goes on resumes
         self._interrupted_at: float | None = None  # the pause's time while the interruption's words are unknown
         self._resume_to = State.BOT_SPEAKING  # the state a false interruption returns to
@@ -297,7 +274,6 @@ class TurnMachine:
             self._speech_run += frame_s
             self._silence_run = self._stop_run = 0.0
             self._stopped = False
-            self._early_eou = None
             if self.state != State.ENDPOINT_PENDING:  # a blip in the pause does not void them
                 self._features = Features()
             if level is not None and prob >= c.speech_threshold:
@@ -338,28 +314,18 @@ class TurnMachine:
                 self._paused = True
                 self._go(t, State.ENDPOINT_PENDING)
                 out.append(SpeechPaused(self._last_speech_end))
-                early, self._early_eou = self._early_eou, None
-                if early is not None:
-                    out += self.on_eou(t, early)
-            if c.endpointing != "rules":
-                out += self._policy_check(t)
+            out += self._policy_check(t)
         elif s == State.ENDPOINT_PENDING:
             if (resume := self._check_false_interruption(t)):
                 return resume
             if spoke(c.min_speech_s):
                 self._paused = False
                 self._resumable = False
-                self._text_complete = False
                 self._features = Features()
                 self._go(t, State.USER_SPEAKING)
                 out.append(SpeechResumed(t))
-            elif c.endpointing != "rules":
-                out += self._policy_check(t)
             else:
-                short = not c.use_eou or self._text_complete
-                limit = c.endpoint_silence_s if short else c.max_endpoint_s
-                if self._silence_run >= limit:
-                    out += self._end_turn(t, self._last_speech_end)
+                out += self._policy_check(t)
         elif (s in (State.THINKING, State.BOT_SPEAKING) and spoke(c.barge_in_min_speech_s)
               and not self._below_the_user(self._run_peak)):  # a quieter voice is not the user's
             if self._interrupted_at is None:  # else the reply is paused already (its final is due)
@@ -376,35 +342,20 @@ class TurnMachine:
         a blip of noise during the pause must not void it.)"""
         if self.in_speech:
             return []
-        if self.config.endpointing != "rules":
-            if self._current(t_speech_end):
-                self._features = replace(self._features, audio_p=probability)
-            return self._policy_check(t)
-        if self.state == State.ENDPOINT_PENDING and probability >= self.config.eou_threshold:
-            return self._end_turn(t, self._last_speech_end)
-        this_silence = t_speech_end is None or t_speech_end == self._last_speech_end
-        if (self.state in (State.USER_SPEAKING, State.INTERRUPTED) and self._stopped and not self._paused
-                and this_silence):
-            self._early_eou = probability
-        return []
+        if self._current(t_speech_end):
+            self._features = replace(self._features, audio_p=probability)
+        return self._policy_check(t)
 
     def on_transcript(self, t: float, complete: bool, text_p: float | None = None,
                       t_speech_end: float | None = None) -> list[Command]:
         """The transcript up to the current pause; `complete` if it ends a sentence; `text_p`:
-        the text turn model's probability that it ends the turn (None: not asked). Policies
-        other than "rules" take it before the pause too (for the silence `t_speech_end`)."""
-        if self.config.endpointing != "rules":
-            if self.in_speech or not self._current(t_speech_end):
-                return []
-            self._features = replace(self._features, text_complete=complete,
-                                     text_p=self._features.text_p if text_p is None else text_p)
-            return self._policy_check(t)
-        if self.state != State.ENDPOINT_PENDING or self.in_speech:
+        the text turn model's probability that it ends the turn (None: not asked). It counts
+        before the pause too (for the silence `t_speech_end`)."""
+        if self.in_speech or not self._current(t_speech_end):
             return []
-        self._text_complete = complete
-        if complete and self._silence_run >= self.config.endpoint_silence_s:
-            return self._end_turn(t, self._last_speech_end)
-        return []
+        self._features = replace(self._features, text_complete=complete,
+                                 text_p=self._features.text_p if text_p is None else text_p)
+        return self._policy_check(t)
 
     def on_words(self, t: float, text: str) -> list[Command]:
         """The words of the user's current utterance that the recognizer will not change (a
@@ -469,39 +420,18 @@ class TurnMachine:
         return (self.state in (State.USER_SPEAKING, State.INTERRUPTED) and self._stopped
                 and (t_speech_end is None or t_speech_end == self._last_speech_end))
 
+    @property
+    def policy(self) -> EndOfTurnPolicy:
+        return self.config.endpointing
+
     def required_silence(self) -> float:
         """Seconds of Silero silence after which the policy ends the turn, from what it knows."""
-        c, f = self.config, self._features
-        if not c.use_eou:
-            return c.endpoint_silence_s
-        if c.endpointing == "smart-turn":
-            return smart_turn_silence(f, c.pause_s, c.eou_threshold, c.max_endpoint_s)
-        if f.audio_p is None and f.text_p is not None and self.wants_audio_verdict():
-            return c.max_endpoint_s  # smart-turn is asked now, and its verdict could change the wait
-        return self._combined_wait(f)
-
-    def _combined_wait(self, f: Features) -> float:
-        c = self.config
-        return combined_silence(f, c.combined_threshold, c.min_wait_s, c.max_endpoint_s, c.text_weight,
-                                c.text_bias, c.punctuation_wait_s, c.combined_needs_text)
-
-    @property
-    def audio_first(self) -> bool:
-        """Whether smart-turn is asked at each silence before the decode ("rules", "smart-turn").
-        "combined" asks it after the text score, and only when it could still change the wait
-        (`wants_audio_verdict`): the text score decides most turns, and the decode it needs
-        starts ~50 ms sooner without smart-turn ahead of it on the cores."""
-        return self.config.endpointing != "combined"
+        return self.policy.required_silence(self._features, self.config.pause_s)
 
     def wants_audio_verdict(self) -> bool:
         """Whether smart-turn's verdict, whatever it says, could change this silence's wait by
         more than a VAD frame, given what is known already."""
-        if self.config.endpointing != "combined":
-            return True
-        if self._features.audio_p is not None:
-            return False
-        waits = [self._combined_wait(replace(self._features, audio_p=p)) for p in AUDIO_P_RANGE]
-        return max(waits) - min(waits) > AUDIO_FRAME_S
+        return self.policy.wants_audio_verdict(self._features)
 
     def _policy_check(self, t: float) -> list[Command]:
         """End the turn once the silence reaches the policy's wait (confirming the pause first
@@ -510,7 +440,12 @@ class TurnMachine:
             return []
         if self.state != State.ENDPOINT_PENDING and not self._stopped:
             return []
-        if self._silence_run + 1e-9 < self.required_silence():
+        required = self.required_silence()
+        # a confirmed pause is the silence a wait up to `pause_s` asks for, even if a blip of
+        # noise in it (too short for speech) has restarted Silero's count since
+        if self.state == State.ENDPOINT_PENDING and required <= self.config.pause_s:
+            required = 0.0
+        if self._silence_run + 1e-9 < required:
             return []
         out: list[Command] = []
         if self.state != State.ENDPOINT_PENDING:
@@ -558,9 +493,7 @@ class TurnMachine:
     def _end_turn(self, t: float, t_speech_end: float) -> list[Command]:
         self._speech_run = 0.0  # speech that goes on after a forced end must build up anew
         self._paused = False
-        self._early_eou = None
         self._resumable = False
-        self._text_complete = False
         self._features = Features()
         self._finals.append((self._interrupted_at is not None, self._peak_level))
         self._go(t, State.THINKING)
@@ -570,7 +503,6 @@ class TurnMachine:
         self._go(t, state)
         self._peak_level = self._run_peak  # the frames that opened it count
         self._paused = False
-        self._text_complete = False
         self._features = Features()
         self._utterance_start = t - self._speech_run  # start of the speech run that opened it
         return StartUtterance(self._utterance_start)

@@ -1488,7 +1488,7 @@ async def doubles_server(port: int, audiosocket_port: int | None, max_sessions: 
     models = Models(asr=ScriptedRecognizer(["what time is it"] * 10000), llm=ScriptedLLM("It is noon."),
                     tts=ToneVoice(), vad_factory=EnergyVAD)
     cfg = SessionConfig(speculate=False)
-    cfg.turns.use_eou = False
+    cfg.turns.endpointing = SilencePolicy()
     guards = {} if secrets is None else carrier_guards(
         twilio_auth_token=secrets.twilio, plivo_auth_token=secrets.plivo, vonage_signature_secret=secrets.vonage,
         auth_token=secrets.token)

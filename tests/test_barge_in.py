@@ -14,6 +14,7 @@ from doubles import EnergyVAD, ScriptedLLM, ScriptedRecognizer, ToneVoice, burst
 from helpers import await_until, is_word_prefix
 from test_turns import B, Driver, F, I, P, T, U
 
+from agent.endpointing import SilencePolicy
 from agent.session import Models, Session, SessionConfig
 from agent.trace import Ev, Tracer
 from agent.turns import (
@@ -172,7 +173,7 @@ async def converse(tmp_path, turns, script, llm, guesses=None):
     wav = WavConversationTransport(turns, RATE, str(tmp_path / "out.wav"), gap_s=0.3, reply_timeout_s=8.0)
     far, voice = Recording(wav), RecordingVoice()
     cfg = SessionConfig(speculate=False)
-    cfg.turns.use_eou = False  # silence alone ends turns (0.5 s)
+    cfg.turns.endpointing = SilencePolicy()  # silence alone ends turns (0.5 s)
     tracer = Tracer("t", capacity=1 << 14)
     asr = ScriptedRecognizer(script, guesses=guesses)
     session = Session(Models(asr=asr, llm=llm, tts=voice, vad_factory=EnergyVAD), far, cfg, tracer=tracer)
@@ -326,7 +327,7 @@ async def test_a_hang_up_while_the_reply_is_paused_says_goodbye_and_keeps_what_w
     wav = WavConversationTransport(turns, RATE, str(tmp_path / "out.wav"), gap_s=0.3, reply_timeout_s=8.0)
     far = Recording(wav)
     cfg = SessionConfig(speculate=False)
-    cfg.turns.use_eou = False
+    cfg.turns.endpointing = SilencePolicy()
     session = Session(Models(asr=ScriptedRecognizer(script), llm=ScriptedLLM(LONG), tts=ToneVoice(),
                              vad_factory=EnergyVAD), far, cfg, tracer=Tracer("t"))
     run = asyncio.create_task(session.run())

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from agent import bench_turns as bt
+from agent.endpointing import CombinedPolicy, RulesPolicy
 from agent.turns import TurnConfig
 from tests.helpers import flite_available
 
@@ -44,7 +45,7 @@ def _utt(pattern: str, complete: bool, pause=None, end_frame=None) -> bt.Utteran
 
 def test_latency_is_measured_from_the_true_end_of_speech():
     u = _utt("." * 10 + "#" * 30 + "." * 60, complete=True)
-    o = bt.replay(u, bt.Policy("rules", TurnConfig(endpointing="rules")), Stub().models(), bt.Costs())
+    o = bt.replay(u, bt.Policy("rules", TurnConfig(endpointing=RulesPolicy())), Stub().models(), bt.Costs())
     # a verdict of 0.9 before the pause: the turn ends at the pause, 7 frames (0.224 s) of silence
     assert o.end_s == pytest.approx(47 * F) and o.latency_ms == pytest.approx(7 * F * 1000, abs=0.1)
     assert not o.cut_off
@@ -54,10 +55,10 @@ def test_a_turn_ended_inside_the_pause_is_a_false_cut_off():
     pattern = "." * 10 + "#" * 30 + "." * 19 + "#" * 20 + "." * 60  # a 0.61 s pause mid-sentence
     u = _utt(pattern, complete=False, pause=(40 * F, 59 * F))
     stub = Stub(audio_p=0.9)
-    o = bt.replay(u, bt.Policy("rules", TurnConfig(endpointing="rules")), stub.models(), bt.Costs())
+    o = bt.replay(u, bt.Policy("rules", TurnConfig(endpointing=RulesPolicy())), stub.models(), bt.Costs())
     assert o.cut_off and o.end_s == pytest.approx(47 * F)
     # a verdict of "incomplete" waits past the pause: the turn ends after the second half
-    low = bt.replay(u, bt.Policy("rules", TurnConfig(endpointing="rules")), Stub(audio_p=0.1, text="so").models(), bt.Costs())
+    low = bt.replay(u, bt.Policy("rules", TurnConfig(endpointing=RulesPolicy())), Stub(audio_p=0.1, text="so").models(), bt.Costs())
     assert not low.cut_off and low.end_s > 79 * F
     assert low.latency_ms == pytest.approx((low.end_s - 79 * F) * 1000, abs=0.1)
     s = bt.summarize([o, low])
@@ -67,7 +68,7 @@ def test_a_turn_ended_inside_the_pause_is_a_false_cut_off():
 def test_verdicts_reach_the_machine_after_their_cost_and_are_asked_once_per_silence():
     u = _utt("." * 10 + "#" * 30 + "." * 60, complete=True)
     costs = bt.Costs(eou_s=0.025, asr_s=0.1, text_s=0.04)
-    pol = bt.Policy("rules", TurnConfig(endpointing="rules"), text_model=False)
+    pol = bt.Policy("rules", TurnConfig(endpointing=RulesPolicy()))
     stub = Stub(audio_p=0.9, text="hello there")
     o = bt.replay(u, pol, stub.models(), costs)
     # "rules": SpeechStopped at the first silent frame (41 F); smart-turn at +25 ms, then the decode at +125 ms
@@ -80,7 +81,7 @@ def test_verdicts_reach_the_machine_after_their_cost_and_are_asked_once_per_sile
 def test_combined_asks_smart_turn_after_the_text_only_when_it_could_change_the_wait():
     u = _utt("." * 10 + "#" * 30 + "." * 60, complete=True)
     costs = bt.Costs(eou_s=0.025, asr_s=0.1, text_s=0.04)
-    pol = bt.Policy("combined", TurnConfig(endpointing="combined", min_wait_s=0.1), text_model=True)
+    pol = bt.Policy("combined", TurnConfig(endpointing=CombinedPolicy(min_wait_s=0.1)))
     # a text score that decides alone: the decode first (+100 ms), the text at +140 ms ends the turn
     decided = Stub(audio_p=0.1, text="hello there", text_p=0.999)
     o = bt.replay(u, pol, decided.models(), costs)
@@ -90,7 +91,7 @@ def test_combined_asks_smart_turn_after_the_text_only_when_it_could_change_the_w
     assert decided.calls == {"eou": 0, "asr": 1, "text": 1}
     # one on the fence (its logit cancels the bias): smart-turn is asked then, and its
     # "complete" ends the turn 25 ms later
-    fence = Stub(audio_p=0.9, text="hello there", text_p=1 / (1 + math.exp(TurnConfig().text_bias)))
+    fence = Stub(audio_p=0.9, text="hello there", text_p=1 / (1 + math.exp(CombinedPolicy().text_bias)))
     o = bt.replay(u, pol, fence.models(), costs)
     assert [k for _, k, _ in o.features] == ["text_p", "audio_p"]
     assert o.features[1][0] == pytest.approx(41 * F + 0.165, abs=1e-3)
@@ -121,7 +122,7 @@ def test_flite_speech_through_silero_detects_the_cut_off(tmp_path):
     bt.score_vad(utts, SileroVAD().new_stream)
     _, inc = utts
     assert inc.pause[0] < inc.pause[1] < inc.speech_end_s and inc.pause[1] - inc.pause[0] > 0.29
-    pol = bt.Policy("rules", TurnConfig(endpointing="rules"))
+    pol = bt.Policy("rules", TurnConfig(endpointing=RulesPolicy()))
     outs = bt.run_policy(utts, pol, Stub(audio_p=0.9).models(), bt.Costs())
     assert not outs[0].cut_off and 150 < outs[0].latency_ms < 400
     assert outs[1].cut_off  # "complete" at the first pause: ended inside it

@@ -17,6 +17,7 @@ import pytest
 import websockets
 
 from agent import Agent, ToolPolicy
+from agent.endpointing import SilencePolicy
 from agent.call_control import end_call
 from agent.load import LoadPolicy
 from agent.serving import ServeConfig, Server
@@ -46,7 +47,7 @@ async def test_the_caller_says_goodbye_and_the_stream_closes_after_the_goodbyes_
     models = Models(asr=ScriptedRecognizer(["thanks that is all goodbye"]), llm=llm, tts=ToneVoice(sample_rate=8000),
                     vad_factory=EnergyVAD)
     cfg = SessionConfig(speculate=False)
-    cfg.turns.use_eou = False
+    cfg.turns.endpointing = SilencePolicy()
     port = free_port()
     server = Server(models, cfg, ServeConfig(port=port, load=LoadPolicy(cpu_threshold=0)),
                     agent=Agent(tools=[end_call], tool_policy=ToolPolicy(filler_delay_s=5.0)))

@@ -29,6 +29,7 @@ import pytest
 from doubles import EnergyVAD, ScriptedLLM, ScriptedRecognizer, ToneVoice, burst
 from helpers import await_until, flite_available, free_port
 
+from agent.endpointing import SilencePolicy
 from agent.reply import LLM_APOLOGY, TTS_SKIP
 from agent.session import Models, Session, SessionConfig
 from agent.trace import Ev, Stage, Tracer
@@ -37,8 +38,8 @@ from transport.events import StateChanged
 from transport.wavfile import ScriptedTurn, WavConversationTransport
 
 RATE = 16000
-# --llm-timeout (default 5 s): generous where the server is healthy (this machine's 2 cores may
-# be busy with other work, and a first token then takes seconds), short where a stall is made
+# --llm-timeout (default 5 s): generous where the server is healthy (a small CPU may be busy
+# with other work, and a first token then takes seconds), short where a stall is made
 HEALTHY_S = 30.0
 STALL_S = 3.0
 STORY = "tell me a long story about a fox who lives in the forest"
@@ -231,7 +232,7 @@ def start_conversation(tmp_path, script: list[str], llm, voice=None, **cfg):
     config = SessionConfig(speculate=False, max_tokens=24, **{
         "system_prompt": "You are a storyteller. Answer with long, detailed stories.", "llm_timeout_s": HEALTHY_S,
         **cfg})
-    config.turns.use_eou = False  # silence alone ends turns
+    config.turns.endpointing = SilencePolicy()  # silence alone ends turns
     session = Session(Models(asr=ScriptedRecognizer(script), llm=llm, tts=voice or SpyVoice(),
                              vad_factory=EnergyVAD), far, config, tracer=Tracer("faults", capacity=1 << 15))
     task = asyncio.create_task(session.run(), name="session")

@@ -5,6 +5,7 @@ import numpy as np
 
 from agent import listener as L
 from agent.trace import NullTracer
+from agent.endpointing import CombinedPolicy, SilencePolicy
 from agent.turns import TurnConfig
 from doubles import EnergyVAD, ScriptedRecognizer, burst
 from transport.base import AudioIn
@@ -14,7 +15,8 @@ RATE = 16000
 
 async def listen(script: list[str], audio: np.ndarray, eou=None, listener_config: dict | None = None,
                  out: list | None = None, **turns) -> tuple[list, L.Listener, ScriptedRecognizer]:
-    cfg = TurnConfig(use_eou=eou is not None, **turns)
+    turns.setdefault("endpointing", CombinedPolicy() if eou is not None else SilencePolicy())
+    cfg = TurnConfig(**turns)
     out = [] if out is None else out
 
     async def emit(ev):
@@ -83,7 +85,7 @@ async def test_the_reply_speculates_while_the_text_model_judges_the_pause():
     out: list = []
     eou = TurnScores(out, text_p=0.9)
     audio = np.concatenate([gap(0.3), burst(0.6), gap(1.0)])
-    _, listener, _ = await listen(["what is the capital of France"], audio, eou=eou, out=out, endpointing="combined")
+    _, listener, _ = await listen(["what is the capital of France"], audio, eou=eou, out=out, endpointing=CombinedPolicy())
     assert eou.seen and all(L.PauseTranscript in seen for seen in eou.seen), eou.seen
     kinds = [type(e) for e in out]
     assert kinds.index(L.PauseTranscript) < kinds.index(L.TurnEnded) < kinds.index(L.UserTranscript)
@@ -96,7 +98,7 @@ async def test_on_one_core_the_text_model_judges_before_the_reply_speculates():
     out: list = []
     eou = TurnScores(out, text_p=1e-9)
     audio = np.concatenate([gap(0.3), burst(0.6), gap(2.0)])  # unfinished: the turn waits the 1.5 s cap
-    _, listener, _ = await listen(["what is the capital of France"], audio, eou=eou, out=out, endpointing="combined",
+    _, listener, _ = await listen(["what is the capital of France"], audio, eou=eou, out=out, endpointing=CombinedPolicy(),
                                   listener_config={"speculate_before_verdict": False})
     assert eou.seen and all(L.PauseTranscript not in seen for seen in eou.seen), eou.seen
     kinds = [type(e) for e in out]
@@ -146,7 +148,7 @@ async def test_a_word_that_began_before_the_end_of_speech_belongs_to_the_turn():
             await super()._emit_due(t)
 
     audio = np.concatenate([gap(0.3), burst(0.8), gap(1.0), burst(0.6, seed=5), gap(1.0)])
-    cfg = TurnConfig(use_eou=False)
+    cfg = TurnConfig(endpointing=SilencePolicy())
     out: list = []
 
     async def emit(ev):

@@ -12,6 +12,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from agent.endpointing import SilencePolicy
 from agent.config import Models
 from agent.listener import Listener, TurnEnded, UserTranscript
 from agent.session import Session, SessionConfig
@@ -40,7 +41,7 @@ def clip(seed: int) -> np.ndarray:
 
 def config() -> SessionConfig:
     cfg = SessionConfig(speculate=False)
-    cfg.turns.use_eou = False
+    cfg.turns.endpointing = SilencePolicy()
     return cfg
 
 

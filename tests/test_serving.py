@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
 
+from agent.endpointing import SilencePolicy
 from agent.config import Models
 from agent.load import LoadMonitor, LoadPolicy
 from agent.metrics import ServerMetrics
@@ -64,7 +65,7 @@ async def serving(max_sessions: int = 16, token: str | None = None, origins: lis
     `session` overriding SessionConfig fields. The measured load is off unless a test gives a
     monitor: the test machine's CPU is not the server's."""
     cfg = SessionConfig(speculate=False, **(session or {}))
-    cfg.turns.use_eou = False
+    cfg.turns.endpointing = SilencePolicy()
     port = free_port()
     serve_config = ServeConfig(port=port, max_sessions=max_sessions, auth_token=token,
                                allowed_origins=origins or [], load=LoadPolicy(cpu_threshold=0), **config)

@@ -7,6 +7,7 @@ import asyncio
 
 import numpy as np
 
+from agent.endpointing import SilencePolicy
 from agent.session import Models, Session, SessionConfig
 from agent.trace import Ev, Stage, Tracer
 from helpers import is_word_prefix
@@ -20,7 +21,7 @@ LONG = ("Once upon a time there was a small fox who lived in a quiet wood, and e
 
 def config(**kw) -> SessionConfig:
     cfg = SessionConfig(**kw)
-    cfg.turns.use_eou = False  # silence alone ends turns (0.5 s)
+    cfg.turns.endpointing = SilencePolicy()  # silence alone ends turns (0.5 s)
     return cfg
 
 
@@ -232,7 +233,7 @@ async def test_the_llm_read_ahead_gives_way_when_the_user_stops_speaking(tmp_pat
 
 
 async def test_a_warmer_that_takes_no_stop_still_reads_ahead(tmp_path):
-    class OlderWarmer(ScriptedLLM):  # a user's model, written before `warm` took a stop
+    class OlderWarmer(ScriptedLLM):  # a user's model whose `warm` takes no stop
         def warm(self, messages) -> None:
             self.warmed.append([dict(m) for m in messages])
 

@@ -1,5 +1,6 @@
 """The turn state machine, driven by synthetic VAD frames and model verdicts (no models).
 Each test asserts the exact transitions and the commands emitted."""
+from agent.endpointing import CombinedPolicy, Features, RulesPolicy, SilencePolicy, SmartTurnPolicy, policy_named
 from agent.turns import (
     CancelReply, DiscardTranscript, EndOfTurn, PauseReply, ResumeReply, SpeechPaused, SpeechResumed, SpeechStopped, StartUtterance, State, TurnConfig, TurnMachine)
 
@@ -11,7 +12,7 @@ L, U, P, T, B, I = (State.LISTENING, State.USER_SPEAKING, State.ENDPOINT_PENDING
 class Driver:
     def __init__(self, **config):
         # the rules unless told: most of these tests are theirs (the combined policy's below)
-        self.m = TurnMachine(TurnConfig(**{"endpointing": "rules", **config}))
+        self.m = TurnMachine(TurnConfig(**{"endpointing": RulesPolicy(), **config}))
         self.t = 0.0
         self.log: list = []
 
@@ -66,7 +67,7 @@ def test_speculative_miss_when_the_user_goes_on():
 
 
 def test_incomplete_verdict_waits_for_the_silence_timeout():
-    d = Driver(max_endpoint_s=1.0).frames("#" * 20 + "." * 8).eou(0.1)
+    d = Driver(endpointing=RulesPolicy(max_silence_s=1.0)).frames("#" * 20 + "." * 8).eou(0.1)
     assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused] and d.m.state == P
     d.frames("." * 20)  # 28 frames of silence = 0.9 s: still waiting
     assert d.m.state == P
@@ -75,7 +76,7 @@ def test_incomplete_verdict_waits_for_the_silence_timeout():
 
 
 def test_without_a_turn_model_silence_alone_ends_the_turn():
-    d = Driver(use_eou=False).frames("#" * 20 + "." * 15)
+    d = Driver(endpointing=SilencePolicy()).frames("#" * 20 + "." * 15)
     assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused] and d.m.state == P
     d.frames("." * 2)  # 17 frames = 0.54 s >= 0.5 s
     assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
@@ -226,12 +227,12 @@ def test_max_utterance_forces_endpoint_once():
 
 
 def test_a_complete_sentence_ends_the_turn_after_the_short_silence():
-    d = Driver(max_endpoint_s=1.5, endpoint_silence_s=0.5).frames("#" * 20 + "." * 8).eou(0.1)
+    d = Driver(endpointing=RulesPolicy(max_silence_s=1.5, sentence_silence_s=0.5)).frames("#" * 20 + "." * 8).eou(0.1)
     d.log += d.m.on_transcript(d.t, complete=True)  # too early: only 0.26 s of silence
     assert d.m.state == P
     d.frames("." * 8)  # 16 frames = 0.51 s
     assert d.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
-    d2 = Driver(max_endpoint_s=1.5).frames("#" * 20 + "." * 8).eou(0.1)
+    d2 = Driver(endpointing=RulesPolicy(max_silence_s=1.5)).frames("#" * 20 + "." * 8).eou(0.1)
     d2.log += d2.m.on_transcript(d2.t, complete=False)
     d2.frames("." * 16)
     assert d2.m.state == P  # an unfinished sentence waits for the long timeout
@@ -389,7 +390,7 @@ def test_no_greeting_once_the_user_is_speaking():
 
 # ---- the end-of-turn policies other than today's rules (agent/endpointing.py) ----------------
 def _combined(**kw):
-    return Driver(endpointing="combined", **kw)
+    return Driver(endpointing=CombinedPolicy(**kw))
 
 
 def test_combined_ends_before_the_pause_when_both_models_say_done():
@@ -402,7 +403,7 @@ def test_combined_ends_before_the_pause_when_both_models_say_done():
 
 
 def test_combined_waits_long_on_a_fragment_whatever_the_audio_says():
-    d = _combined(max_endpoint_s=1.5).frames("#" * 20 + "..").eou(0.95)
+    d = _combined(max_wait_s=1.5).frames("#" * 20 + "..").eou(0.95)
     d.log += d.m.on_transcript(d.t, False, 1e-9)  # "what is the capital of": the text says no
     d.frames("." * 30)  # ~1 s of silence: still waiting
     assert d.m.state == P and EndOfTurn not in d.kinds()
@@ -430,7 +431,7 @@ def test_a_late_verdict_on_an_earlier_silence_does_not_count_for_combined():
 
 def test_combined_waits_for_smart_turn_only_when_the_text_leaves_the_wait_open():
     d = _combined(min_wait_s=0.1).frames("#" * 20 + "....")
-    assert not d.m.audio_first and not d.m.wants_audio_verdict()  # nothing known: the text decides first
+    assert not d.m.policy.audio_first and not d.m.wants_audio_verdict()  # nothing known: the text decides first
     d.log += d.m.on_transcript(d.t, True, 0.999)  # decided by the text alone: ended, no smart-turn
     assert d.kinds()[-1] == EndOfTurn
     fence = _combined(min_wait_s=0.1).frames("#" * 20 + "....")
@@ -440,17 +441,17 @@ def test_combined_waits_for_smart_turn_only_when_the_text_leaves_the_wait_open()
     assert fence.m.state == P  # waiting for smart-turn, not ending on the text
     fence.eou(0.05)  # "not done": the long wait, now with both verdicts
     assert not fence.m.wants_audio_verdict() and EndOfTurn not in fence.kinds()
-    assert Driver().m.audio_first and Driver().m.wants_audio_verdict()  # "rules" asks it at every silence
+    assert Driver().m.policy.audio_first and Driver().m.wants_audio_verdict()  # "rules" asks it at every silence
 
 
 def test_smart_turn_alone_ignores_the_punctuation_rule():
-    d = Driver(endpointing="smart-turn", max_endpoint_s=1.5).frames("#" * 20 + "." * 8).eou(0.1)
+    d = Driver(endpointing=SmartTurnPolicy(max_silence_s=1.5)).frames("#" * 20 + "." * 8).eou(0.1)
     d.log += d.m.on_transcript(d.t, complete=True)
     d.frames("." * 16)  # 0.77 s: today's rules would have ended it at 0.5 s
     assert d.m.state == P
     d.frames("." * 24)
     assert d.kinds()[-1] == EndOfTurn
-    d2 = Driver(endpointing="smart-turn").frames("#" * 20 + "....").eou(0.9).frames("...")
+    d2 = Driver(endpointing=SmartTurnPolicy()).frames("#" * 20 + "....").eou(0.9).frames("...")
     assert d2.kinds() == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]  # at the pause
 
 
@@ -458,23 +459,28 @@ def test_an_unknown_policy_is_refused():
     import pytest
 
     with pytest.raises(ValueError):
-        TurnConfig(endpointing="magic")
+        policy_named("magic")
+    with pytest.raises(ValueError):
+        policy_named("combined", silence_s=0.3)  # the combined policy has no fixed silence
+    assert policy_named("rules", 0.7) == RulesPolicy(sentence_silence_s=0.7)
+    assert policy_named("silence", 0.7) == SilencePolicy(0.7)
 
 
 def test_the_combined_wait_shrinks_as_the_verdicts_grow_surer():
-    from agent.endpointing import Features, combined_probability, combined_silence
-
-    kw = {"threshold": 0.5, "min_wait_s": 0.1, "max_wait_s": 1.5, "text_weight": 1.0, "text_bias": 16.0}
-    assert combined_silence(Features(), **kw) == 1.5  # nothing known yet
-    assert combined_silence(Features(audio_p=0.99), **kw, needs_text=True) == 1.5  # audio alone: no
+    policy = CombinedPolicy(threshold=0.5, min_wait_s=0.1, max_wait_s=1.5, text_weight=1.0, text_bias=16.0,
+                            needs_text=False)
+    assert policy.wait(Features()) == 1.5  # nothing known yet
+    assert CombinedPolicy(needs_text=True).wait(Features(audio_p=0.99)) == 1.5  # audio alone: no
     done = Features(audio_p=0.5, text_p=1e-5)  # a complete request: the text says yes
     fragment = Features(audio_p=0.98, text_p=1e-10)  # "what is the capital of": no
-    assert combined_probability(done, 1.0, 16.0) > 0.5 > combined_probability(fragment, 1.0, 16.0)
-    assert combined_silence(done, **kw) == 0.1
-    assert combined_silence(fragment, **kw) > 1.3
-    waits = [combined_silence(Features(audio_p=0.5, text_p=10.0 ** -k), **kw) for k in range(4, 12)]
+    assert policy.probability(done) > 0.5 > policy.probability(fragment)
+    assert policy.wait(done) == 0.1
+    assert policy.wait(fragment) > 1.3
+    waits = [policy.wait(Features(audio_p=0.5, text_p=10.0 ** -k)) for k in range(4, 12)]
     assert waits == sorted(waits)  # less likely text, longer wait
-    assert combined_silence(Features(text_complete=True, text_p=1e-10), **kw, punctuation_wait_s=0.5) == 0.5
+    capped = CombinedPolicy(text_weight=1.0, text_bias=16.0, punctuation_wait_s=0.5)
+    assert capped.wait(Features(text_complete=True, text_p=1e-10)) == 0.5
+    assert policy.without_text_model() == RulesPolicy(max_silence_s=1.5)
 
 
 def test_the_text_turn_model_sees_the_words_without_whisper_s_punctuation():
@@ -484,10 +490,47 @@ def test_the_text_turn_model_sees_the_words_without_whisper_s_punctuation():
     assert TextTurnScorer.normalize("I'd like... four, please.") == "i'd like four please"
 
 
-def test_the_baselines_as_functions():
-    from agent.endpointing import Features, rules_silence, smart_turn_silence
+def test_the_baselines_as_policies():
+    rules = RulesPolicy(eou_threshold=0.5, sentence_silence_s=0.5, max_silence_s=1.5)
+    assert rules.required_silence(Features(audio_p=0.9), 0.2) == 0.2
+    assert rules.required_silence(Features(audio_p=0.1, text_complete=True), 0.2) == 0.5
+    assert rules.required_silence(Features(audio_p=0.1, text_complete=False), 0.2) == 1.5
+    assert SmartTurnPolicy().required_silence(Features(audio_p=0.1, text_complete=True), 0.2) == 1.5
+    assert SilencePolicy(0.7).required_silence(Features(audio_p=0.99), 0.2) == 0.7
+    assert not SilencePolicy.uses_audio_model and CombinedPolicy.uses_text_model and not RulesPolicy.uses_text_model
 
-    assert rules_silence(Features(audio_p=0.9), 0.2, 0.5, 0.5, 1.5) == 0.2
-    assert rules_silence(Features(audio_p=0.1, text_complete=True), 0.2, 0.5, 0.5, 1.5) == 0.5
-    assert rules_silence(Features(audio_p=0.1, text_complete=False), 0.2, 0.5, 0.5, 1.5) == 1.5
-    assert smart_turn_silence(Features(audio_p=0.1, text_complete=True), 0.2, 0.5, 1.5) == 1.5
+
+# ---- a policy of one's own (docs/extending.md) ------------------------------------------------
+class PunctuationPolicy:
+    """No turn model: a transcript that ends a sentence ends the turn after `sentence_s` of
+    silence, anything else after `other_s`."""
+
+    name = "punctuation"
+    uses_audio_model = uses_text_model = False
+    audio_first = True
+
+    def __init__(self, sentence_s: float = 0.3, other_s: float = 1.0):
+        self.sentence_s, self.other_s = sentence_s, other_s
+
+    def required_silence(self, f: Features, pause_s: float) -> float:
+        return self.sentence_s if f.text_complete else self.other_s
+
+    def wants_audio_verdict(self, f: Features) -> bool:
+        return False
+
+    def without_text_model(self):
+        return self
+
+
+def test_a_policy_of_one_s_own_drives_the_machine():
+    d = Driver(endpointing=PunctuationPolicy()).frames("#" * 20 + "." * 8)
+    d.log += d.m.on_transcript(d.t, complete=True)  # "What time is it?" after 0.26 s of silence
+    assert d.kinds()[-1] == SpeechPaused
+    d.frames("..")  # 0.32 s
+    assert d.kinds()[-1] == EndOfTurn
+    d2 = Driver(endpointing=PunctuationPolicy()).frames("#" * 20 + "." * 8)
+    d2.log += d2.m.on_transcript(d2.t, complete=False)  # "What time is"
+    d2.frames("." * 20)  # 0.9 s: still waiting
+    assert EndOfTurn not in d2.kinds()
+    d2.frames("." * 4)
+    assert d2.kinds()[-1] == EndOfTurn
