@@ -61,7 +61,7 @@ class ReplyConfig:
     mode: str = "concurrent"  # "concurrent" | "waterfall"
     max_tokens: int = 80
     # words of the answer's first TTS chunk (see tts/chunking.py): each word waited for costs
-    # one LLM token (~17 ms on this CPU) before the first audio
+    # one LLM token before the first audio (`duplex bench latency` re-measures it)
     first_chunk_words: int = 2
     playout_lead_s: float = 0.4  # audio sent ahead of real time; bounds the far end's buffer
     piece_s: float = 0.1  # size of each audio message

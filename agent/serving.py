@@ -123,7 +123,7 @@ class ServeConfig:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether `--host` listens on this machine only ('' and 0.0.0.0 are every address)."""
+    """Whether `--host` listens on the loopback interface only ('' and 0.0.0.0 are every address)."""
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
@@ -250,7 +250,7 @@ class Server:
             log.log(logging.WARNING if is_open else logging.INFO, "guard: %s", line)
         # the models and imports live as long as the process: out of every collection, so that
         # collecting a conversation's cycles (release_cycles) holds the event loop well under a
-        # millisecond, not ~36 ms (the default models loaded, on this 2-core machine)
+        # millisecond, not tens of ms with the default models loaded
         gc.freeze()
         routes = {f"/{name}": (lambda ws, d=d: MediaStreamTransport(ws, MediaStreamCall(d)))
                   for name, d in DIALECTS.items()}

@@ -7,7 +7,7 @@ Modes:
   percentiles, and RSS (plus torch.cuda memory in-process on CUDA) over time. With
   `--price-per-hour` (the device's price), the cost per stream-hour: the price over the
   streams held at real time, beside the seed figures (Kyutai ~1.5 c, a commercial API ~15 c).
-- `--engine-throughput`: tiny random engine on this machine, B = 1, 4, 16: step time and
+- `--engine-throughput`: tiny random engine on the local CPU, B = 1, 4, 16: step time and
   throughput (streams x frames / s) batched versus B sequential single-stream runs. Each pool
   times its Mimi convs' paths first, as `asr-serve` does (`--no-tune-convs`: oneDNN for all).
 - `--memory`: RSS over a synthetic one-hour stream (45,000 engine steps), then over a client

@@ -266,8 +266,8 @@ class MimiStreamingEncoder(nn.Module):
         self.register_buffer("inv_freq", inv, persistent=False)
         # Inference only. This matters for speed, not just memory: a view of a parameter that
         # requires grad still requires grad under no_grad, and torch.matmul then takes its
-        # autograd-safe broadcast path (CPU, B=16: a 2->4 channel pointwise conv took 118 us
-        # against 16 us).
+        # autograd-safe broadcast path (on a CPU at B=16 a small pointwise conv runs several times
+        # slower; `duplex asr-bench --engine-throughput` re-measures the step time).
         self.requires_grad_(False)
 
     # ---- weights -------------------------------------------------------------------------

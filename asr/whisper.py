@@ -6,37 +6,31 @@ Whisper is not a streaming model. Partials come from re-decoding the growing utt
 word timestamps. The utterance buffer is preallocated and bounded (`max_utterance_s`).
 
 Encoder window: faster-whisper always runs Whisper's encoder on a 30 s window, which is most of
-a decode's cost (~170 ms of ~290 ms here for a 3 s clip). CTranslate2 accepts a shorter window
-(as whisper.cpp's `--audio-ctx` does), so by default the window is the utterance plus
-`window_pad_s` of padding (whole seconds, at most 30 s): a 3 s utterance decodes in about half
-the time. Less padding than ~10 s makes tiny.en loop on short, list-like clips ("5 5 5 5 ...");
-with +3 to +5 s dev WER was 20-35 %. `window_pad_s=None` gives faster-whisper's own full-window
-decode.
+a decode's cost. CTranslate2 accepts a shorter window (as whisper.cpp's `--audio-ctx` does), so
+by default the window is the utterance plus `window_pad_s` of padding (whole seconds, at most
+30 s): a 3 s utterance decodes in about half the time. Much less padding than ~10 s makes
+tiny.en loop on short, list-like clips ("5 5 5 5 ..."). `window_pad_s=None` gives
+faster-whisper's own full-window decode.
 
-Weights run as int8 by default (CTranslate2 quantises the float32 model at load time). On an
-AVX-512 VNNI CPU int8 had float32's dev WER (6.9 %) and decoded a 2-3 s utterance in ~75-85 ms
-instead of ~120-140 ms. On an AVX2-only CPU (no VNNI) int8 is less accurate: 9.9 % against
-float32's 6.9 %, still ~70-160 ms a final faster. `compute_type` takes any CTranslate2 type
-("float32", "int8_float32", "float16" on a GPU, ...).
+Weights run as int8 by default (CTranslate2 quantises the float32 model at load time): a final
+decodes markedly faster than under float32, as accurately on a CPU with AVX-512 VNNI and
+somewhat less so on an AVX2-only one. `compute_type` takes any CTranslate2 type ("float32",
+"int8_float32", "float16" on a GPU, ...).
 
 Threads: on a CPU, `load()` times one typical decode under one thread and under min(4, cores)
-once a process, and keeps the faster (`cpu_threads` set explicitly skips it). On 2 shared AVX2
-cores one thread wins: its token steps are 7-8.5 ms against 14-21 ms on two threads, which also
-leaves a core for the LLM and TTS running beside a decode; on 2 Zen 5 cores the probe took
-76-92 ms on one thread, 113-120 on two.
+once a process, and keeps the faster (`cpu_threads` set explicitly skips it): on a small shared
+CPU one thread usually wins, which also leaves a core for the LLM and TTS running beside a
+decode.
 
-Accuracy is traded for latency, measured (`scripts/whisper_settings.py`; dev WER of the final
-decode over `../shared/speech/dev`, and the final's time paired with the default's on the same
-clip, interleaved, 2 shared AVX2 cores where the default's final takes ~220-380 ms): the default
-(int8, +10 s, greedy) 9.9 %; `beam_size` 4-5 gives 5.0 % for +20-46 ms a final (beam 3: 5.9 %);
-the 30 s window costs +290-770 ms (9.9 % greedy, 6.9 % beam 5). flite's "Why is the sky blue?"
-is heard as "... this guy blue?" 5 of 6 times greedy, 2 of 6 with beam 5; only beam 5 with the
-30 s window got it right 6 of 6. Partials stay greedy (re-decoded every hop, only shown); the
-final searches a beam of 5 (`final_beam_size`): it is what the reply answers, and it usually
-runs in the pause before the turn is confirmed (the speculative decode at a pause), where its
-extra time hides. With the hum question asked of a greedy decode, the beam final's dev WER is
-5.0 %, faster-whisper's own defaults' 6.9 % (`duplex bench quality`, docs/quality.md);
-`final_beam_size=1` (`duplex serve --asr-beam 1`) is the cheaper greedy final.
+Beam: partials stay greedy (re-decoded every hop, only shown); the final searches a beam of 5
+(`final_beam_size`), which roughly halves greedy's dev WER for a few tens of ms: the final is
+what the reply answers, and it usually runs in the pause before the turn is confirmed (the
+speculative decode at a pause), where its extra time hides. `final_beam_size=1` (`duplex serve
+--asr-beam 1`) is the cheaper greedy final.
+
+`scripts/whisper_settings.py` re-measures dev WER, flite questions and final decode time for
+each setting (compute type, beam, window); `duplex bench quality` (docs/quality.md) the
+default's.
 """
 from __future__ import annotations
 
@@ -58,14 +52,13 @@ NO_SPEECH_THRESHOLD = 0.6  # Whisper's rule: "no speech" this likely and a low a
 LOGPROB_THRESHOLD = -1.0  # ... means the window held no speech
 # A hum ("Mm-hmm", "Uh-huh") over a phone line is often heard as words ("And then make a man.",
 # average log-prob -0.5 to -2.0); primed with a hum as the previous text, tiny.en writes it as one
-# ("Mm-hmm.", -0.2 to -0.5). Primed for every decode, it writes hums for words too (16 kHz dev
-# WER 11 -> 31 %), so only a decode as short as a hum (its preroll and pad included) and this
-# unsure is asked again, and the primed answer is taken only when it is a hum and surer. On 20
-# flite words and questions x 4 leads, 16 kHz and phone band, no word changed; hums heard as
-# hums went 20 -> 27 of 28 (16 kHz) and 13 -> 24 of 28 (phone).
+# ("Mm-hmm.", -0.2 to -0.5). Primed for every decode, it writes hums for words too (dev WER about
+# triples), so only a decode as short as a hum (its preroll and pad included) and this unsure is
+# asked again, and the primed answer is taken only when it is a hum and surer: words keep their
+# words and most hums are heard as hums (tests/test_whisper_hums.py, tests/test_quality_asr.py).
 HUM_RETRY_LOGPROB = -0.4
 # These figures are greedy decodes'. A beam's are not comparable: under beam 5 dev "five five"
-# is "5 5." at -0.89 and, primed, "Mm-hmm." at -0.83, which took two words off the dev set; so a
+# is "5 5." at -0.89 and, primed, "Mm-hmm." at -0.83, which takes two words off the dev set; so a
 # beam final asks the hum question of a greedy decode (same encoder output, a short utterance:
 # a few ms) and keeps its own words unless the greedy answer is a hum.
 HUM_RETRY_MAX_S = 2.0
@@ -85,8 +78,8 @@ class WhisperOptions:
     hop_s: float = 1.0  # new audio needed before the next partial decode
     max_utterance_s: float = 28.0  # Whisper sees at most 30 s; the session finalizes before this
     beam_size: int = 1  # partials: greedy, they are re-decoded every hop and only shown
-    # the final decode's beam (None: `beam_size`): 5 takes dev WER 9.9 -> 5.0 % for ~+20-46 ms a
-    # final, mostly spent in the pause before the turn is confirmed (module docstring)
+    # the final decode's beam (None: `beam_size`): 5 roughly halves greedy's dev WER for a few
+    # tens of ms a final, mostly spent in the pause before the turn is confirmed (module docstring)
     final_beam_size: int | None = 5
     language: str = "en"
     window_pad_s: float | None = 10.0  # encoder window = utterance + this (None: always 30 s)
@@ -99,7 +92,7 @@ class WhisperRecognizer:
         self.model = model
         self.options = options or WhisperOptions()
         self.name = name
-        # CTranslate2 models are thread-safe for concurrent calls, but 2-core machines gain
+        # CTranslate2 models are thread-safe for concurrent calls, but a small CPU gains
         # nothing from overlapping decodes; serialise them so one stream cannot starve another.
         self._lock = threading.Lock()
         self._tok = None  # (faster-whisper Tokenizer, suppressed tokens), made on first use
@@ -225,12 +218,11 @@ _TUNED_THREADS: dict[tuple[str, str], int] = {}  # (model, compute type) -> thre
 
 
 def _fastest_threads(make: Callable[[int], object], rounds: int = 3) -> tuple[int, object]:
-    """The thread count (1 or up to 4) under which one typical decode is fastest here: the
-    encoder on a 13 s window, then 12 tokens generated one at a time. One thread can win on a
-    small shared CPU because each token's step is too small to split (2 shared AVX2 cores:
-    7-8.5 ms a token on one thread, 14-21 on two, the encoder about even); more threads win on
-    big ones. Timed interleaved, best of `rounds`; the
-    fastest's model is returned with its count."""
+    """The thread count (1 or up to 4) under which one typical decode is fastest on the CPU it
+    runs on: the encoder on a 13 s window, then 12 tokens generated one at a time. One thread can
+    win on a small shared CPU because each token's step is too small to split (a token on two
+    threads can take twice as long as on one, the encoder about even); more threads win on big
+    ones. Timed interleaved, best of `rounds`; the fastest's model is returned with its count."""
     many = min(4, os.cpu_count() or 1)
     if many == 1:
         return 1, make(1)

@@ -7,8 +7,8 @@ words at `flush(until_s)`. With the `Utterances` hints the listener says where s
 whether the user is speaking, and asks for an early decode at a pause (speculation) that the
 flush reuses. Without hints the utterance runs from the previous flush.
 
-Decodes run on the recognizer's own one-thread executor (CTranslate2 decodes are serialised on
-a 2-core machine anyway), never on asyncio's default one.
+Decodes run on the recognizer's own one-thread executor (CTranslate2 decodes are serialised
+by the recognizer anyway), never on asyncio's default one.
 """
 from __future__ import annotations
 

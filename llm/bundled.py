@@ -125,28 +125,25 @@ def _requantized(source: Path, name: str, ftype_name: str) -> Path:
 
 def qwen25_coder_05b_q4_0() -> Path:
     """The 0.5B model requantized to Q4_0, which llama.cpp repacks for AVX2 and NEON at load (most
-    of the Q4_K_M file is Q5_0, which it does not): on a 2-core AVX2 CPU a 9-token prompt takes 73
-    ms against 109 and a token 20 against 26, for a perplexity 9 % higher (32.7 against 29.9 on
-    1500 tokens of README.md). Made once, in ~3 s, at first use."""
+    of the Q4_K_M file is Q5_0, which it does not): on a small AVX2 CPU prompts and tokens run
+    about a quarter to a third faster than Q4_K_M's, for a perplexity ~9 % higher. Made once, in
+    seconds, at first use."""
     return _requantized(qwen25_coder_05b(), "qwen2.5-coder-0.5b-instruct-q4_0", "LLAMA_FTYPE_MOSTLY_Q4_0")
 
 
 def qwen25_coder_05b_iq4_nl() -> Path:
     """The 0.5B model requantized to IQ4_NL (non-linear 4-bit blocks of 32, which llama.cpp also
-    repacks for AVX2): nearly Q4_0's speed with half its drift from the shipped file. 2 shared
-    AVX2 cores: 9-token prompt 103 ms against Q4_K_M's 156 and Q4_0's 93, a token 19.0 ms against
-    27.7 and 18.1; perplexity on README.md 41.1 against 38.6 and 43.9; on greedy answers to 20
-    chat questions the KL divergence from Q4_K_M is 0.044 (Q4_0: 0.082) and the top token agrees
-    88 % of the time (Q4_0: 87 %). Made once, at first use (~50 s on 2 cores: its quantizer searches
-    each block's scale; `scripts/setup.sh` makes it)."""
+    repacks for AVX2): nearly Q4_0's speed with half its drift from the shipped file (KL
+    divergence from Q4_K_M on greedy chat answers). Made once, at first use (most of a minute on
+    2 cores: its quantizer searches each block's scale; `scripts/setup.sh` makes it)."""
     return _requantized(qwen25_coder_05b(), "qwen2.5-coder-0.5b-instruct-iq4_nl", "LLAMA_FTYPE_MOSTLY_IQ4_NL")
 
 
 BUNDLED = {"smollm2-135m": smollm2_135m, "qwen2.5-0.5b": qwen25_coder_05b,
            "qwen2.5-0.5b-q4_0": qwen25_coder_05b_q4_0,
            "qwen2.5-0.5b-iq4_nl": qwen25_coder_05b_iq4_nl, "qwen2.5-1.5b": qwen25_coder_15b}
-# IQ4_NL is the default: in `duplex bench latency` it answered ~60 ms sooner a turn than the
-# shipped Q4_K_M for a small drift (README, "Where the time goes").
+# IQ4_NL is the default: it answers a turn sooner than the shipped Q4_K_M for a small drift
+# (`duplex bench latency --llm` re-measures it; README, "Where the time goes").
 DEFAULT = "qwen2.5-0.5b-iq4_nl"
 _NOTES = {DEFAULT: "default", "qwen2.5-0.5b": "the shipped Q4_K_M: a little more exact, slower",
           "qwen2.5-0.5b-q4_0": "fastest, least exact"}

@@ -4,9 +4,9 @@ Every call into llama.cpp (load, warm, generate) runs on one dedicated thread. l
 backend parallelises with OpenMP, and libgomp keeps a team of worker threads for each thread
 that calls into it. Calls from a thread pool's rotating workers make several teams; once
 libgomp manages more threads than there are cores it spins only ~100 rounds between operations
-and then sleeps, and every token pays for the wake-ups. On this 2-core machine a token took
-~21.5 ms once a second thread had called llama.cpp, against ~16.3 ms with one (a stand-alone
-loop, 30 tokens, three runs each). The OpenMP spin itself is set in agent/models.py.
+and then sleeps, and every token pays for the wake-ups: on 2 cores a token costs about a third
+more once a second thread has called llama.cpp (a stand-alone loop of 30 tokens re-measures it).
+The OpenMP spin itself is set in agent/models.py.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ log = logging.getLogger("duplex.llm")
 
 @contextlib.contextmanager
 def _safe_buffers():
-    """llama.cpp's AMX kernels (Intel Sapphire Rapids and later, in a build made there with
-    -march=native) crash on the first token with our Q4_K/Q8_0 models (llama.cpp #20824).
+    """llama.cpp's AMX kernels (in a build made with -march=native on an Intel CPU with AMX)
+    crash on the first token with our Q4_K/Q8_0 models (llama.cpp #20824).
     scripts/setup.sh builds without them; for a build that has them, the model loads without
     llama.cpp's extra buffer types (AMX's, and the CPU weight repacking), the only switch that
     keeps the AMX kernels out. llama-cpp-python's `Llama` takes no such option, so its model
@@ -96,7 +96,7 @@ def _stop_check():
 @contextlib.contextmanager
 def stoppable(llama, stop: ReadAheadStop | None):
     """Evaluate with `llama` (a `llama_cpp.Llama`, on its own thread) until `stop` is set:
-    llama.cpp then aborts the decode within a graph operation (~3-5 ms here) and drops that
+    llama.cpp then aborts the decode within a graph operation (a few ms) and drops that
     batch's cache entries; the tokens evaluated before it stay (`Llama.eval` counts only whole
     batches). The abort is not an error here. Without `stop`, a plain evaluation."""
     if stop is None:

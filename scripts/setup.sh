@@ -43,8 +43,8 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   step "pip: installing duplex with its models (the first run downloads ~1 GB and compiles llama-cpp-python)"
   # torch is pinned to the CPU wheel on local disk; install it first so nothing pulls a CUDA build.
   "$VENV/bin/pip" install --progress-bar on "torch==2.13.0"
-  # llama.cpp built for this CPU (-march=native) takes its AMX kernels on Intel Sapphire Rapids
-  # and later, and they crash on the first token with our Q4_K/Q8_0 models (llama.cpp #20824):
+  # llama.cpp built with -march=native takes its AMX kernels on an Intel CPU with AMX, and
+  # they crash on the first token with our Q4_K/Q8_0 models (llama.cpp #20824):
   # build without them (AVX-512 and VNNI stay). pip's wheel cache does not key a built wheel on
   # CMAKE_ARGS, so the wheel is built once into a cache of ours keyed on the version and flags.
   LLAMA_SPEC=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml | head -1)

@@ -10,7 +10,7 @@ For each setting (compute type, beam size, encoder window) it measures:
   as flite wrote it, the others are where a conversation's utterance might start;
 - the decode time of a final, `UtteranceDecoder.decode` (whole utterance, word timestamps: what
   the conversation waits for at the end of a turn), p50/p90 over the dev clips x `--rounds`,
-  and the median paired difference from today's default on the same clip in the same round;
+  and the median paired difference from the default on the same clip in the same round;
   also the p50 on the (shorter, 1.5-4 s) flite questions, and of a partial (no word times) on
   the dev clips (first round only). The flite decodes are paired with default's the same way.
 "right" is the whole question, word for word after normalisation (fWER: the questions' WER).

@@ -71,5 +71,5 @@ def test_price_per_hour_prints_the_cost_per_stream_hour_of_the_streams_held(caps
     if lag <= MAX_LAG_S:
         assert cost.startswith("cost: $0.1/h / 2 streams at real time = 5.00 c/stream-hour"), cost
         assert "Kyutai ~400 streams/H100 ~1.5 c" in cost and "~15 c" in cost
-    else:  # this machine was too busy to hold even two: no figure, and the reason
+    else:  # a CPU too busy to hold even two: no figure, and the reason
         assert "none computed" in cost and "fell behind" in cost, cost

@@ -43,7 +43,7 @@ def test_each_input_gets_the_record_ending_nearest_its_exact_end():
 
 def test_a_committed_speculative_turn_has_no_negative_stage():
     """The LLM started on a partial transcript: its first token came before the endpoint and
-    the final. That stage reads 0 (it used to read -200 ms) and the stages add up to v2v."""
+    the final. That stage reads 0, never a negative time, and the stages add up to v2v."""
     t0 = 1000.0
     script = [ScriptLine("a", "", np.zeros(1), 2.0)]
     rec = TurnRecord(0, speech_end=t0 + 2.02, endpoint=t0 + 2.4, asr_final=t0 + 2.45,

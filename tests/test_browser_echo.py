@@ -129,7 +129,7 @@ def recording(env: dict, source: str, path: Path):
             proc.terminate()
             proc.wait(10)
             rec["lost_s"] = time.time() - rec["t0"] - path.stat().st_size / 2 / RATE
-            # ~1.9 s on this machine, the same in every run: parec's start, not samples dropped on
+            # about 2 s, the same in every run: parec's start, not samples dropped on
             # the way; so the first sample's time is the end's less the file's length
             rec["first_sample"] = rec["t0"] + rec["lost_s"]
 
@@ -531,8 +531,8 @@ def test_echo_level_with_and_without_cancellation(cases):
     print(f"moment by moment (0.5 s, bot audible): median echo re the speaker, cancellation on"
           f" {on['page_mic_median_re_speaker_db']:.1f} dB, off {off['page_mic_median_re_speaker_db']:.1f} dB;"
           f" bins above -60 dBFS in the page's mic: on {on['bins_page_mic_above_minus_60_dbfs']} of {on['bins_bot_audible']}")
-    # what must hold if the canceller runs at all: most moments cancelled far down (measured ~-66 dB
-    # against ~-6 dB off), and less echo energy overall (measured 12-21 dB less: the leaks, of
+    # what must hold if the canceller runs at all: most moments cancelled far down (typically ~-66 dB
+    # against ~-6 dB off), and less echo energy overall (typically 12-21 dB less: the leaks, of
     # -35..-45 dBFS, carry most of what is left)
     assert on["page_mic_median_re_speaker_db"] < off["page_mic_median_re_speaker_db"] - 20, (on, off)
     assert on["page_mic_re_speaker_db"] < off["page_mic_re_speaker_db"] - 6, (on, off)

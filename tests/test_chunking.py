@@ -28,7 +28,7 @@ def test_sentences_and_first_clause():
     assert chunks[0] == "Well, rain falls,"  # a clause mark that arrives with the cut wins
     chunks, _ = feed("Yes. Rain falls.")
     assert chunks[0] == "Yes."  # a sentence end cuts at any length
-    # four words, as before the defaults changed
+    # a first chunk of three to four words
     chunks, _ = feed(text, first_clause_words=3, first_max_words=4)
     assert chunks[0] == "The capital of France"
 

@@ -1,4 +1,4 @@
-"""A real fleet on this machine (issue 21's acceptance): HAProxy in front of two `duplex serve`
+"""A real fleet on one host (issue 21's acceptance): HAProxy in front of two `duplex serve`
 workers (WebSocket pass-through, `option httpchk GET /readyz`, least connections), two
 `duplex asr-serve` replicas (the embedded Whisper) that both workers reach with
 `--asr ws://A,ws://B`. Small caps so a 2-core machine holds it: 2 conversations per worker,
@@ -13,7 +13,7 @@ Shown, in order, with spoken flite questions:
 3. A worker SIGTERMed during a conversation finishes it; its /readyz says 503, HAProxy marks it
    down and sends the next conversation to the other worker; the drained worker exits 0.
 4. Everything left stops cleanly (exit 0) when asked. Every wait is bounded.
-The workers' measured-load admission is off (`--load-threshold 0`): this machine's CPU is shared
+The workers' measured-load admission is off (`--load-threshold 0`): the host's CPU is shared
 with the other fleet processes, and the caps and /readyz are what is tested. The voice-to-voice
 times of step 1 are printed (a figure for the README, not a check).
 """
@@ -96,7 +96,7 @@ class Proc:
         self.name, self.port = name, port
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115 (closed in kill)
-        # four model processes share this machine's cores: OpenMP workers that spin between
+        # four model processes share the host's cores: OpenMP workers that spin between
         # operations (agent/models.py's default for one server alone) would take them from each other
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_WAIT_POLICY="PASSIVE")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self._log,
@@ -181,7 +181,7 @@ class Fleet:
             self.workers.append(Proc(f"worker{i}", [
                 *py, "serve", "--host", "127.0.0.1", "--port", str(port), "--asr", asr,
                 "--llm", "smollm2-135m", "--no-eou", "--max-tokens", "12", "--max-sessions", str(PER_WORKER),
-                # the measured-load admission would refuse on this shared 2-core machine; the cap
+                # the measured-load admission would refuse on a shared 2-core CPU; the cap
                 # and /readyz are what is tested
                 "--load-threshold", "0", "--drain-timeout", "60", *self.worker_args], self.tmp, port))
 

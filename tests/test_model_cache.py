@@ -32,7 +32,7 @@ def test_a_joined_file_is_reused_while_it_matches_its_digest(cache):
 def test_a_tampered_cache_file_of_the_same_size_is_made_again(cache, caplog):
     out = bundled._joined(cache, "m")
     data = bytearray(out.read_bytes())
-    data[10] ^= 0xFF  # same size: the old size check passed this
+    data[10] ^= 0xFF  # same size: a size check alone passes this
     out.write_bytes(bytes(data))
     bundled._verified.clear()
     again = bundled._joined(cache, "m")

@@ -70,9 +70,9 @@ def test_audio_round_trip():
     '{"type": "ping", "t": NaN}',
 ])
 def test_times_beyond_any_clock_are_errors(message):
-    """Found by scripts/fuzz_sockets.py: a `played` whose server_ms was 1e308 ended the session
-    (its nanoseconds overflowed), and an integer too large for a float crashed the finite check;
-    every time is now bounded where it is decoded."""
+    """Inputs of the kind scripts/fuzz_sockets.py finds: a `played` whose server_ms is 1e308 (its
+    nanoseconds overflow) and an integer too large for a float (the finite check) are bad
+    messages, not a broken session: every time is bounded where it is decoded."""
     with pytest.raises(ProtocolError) as e:
         decode_client(message)
     assert e.value.code == "bad_message"

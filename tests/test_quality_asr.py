@@ -1,6 +1,6 @@
 """The default final decode (beam 5) hears the dev set at faster-whisper's defaults' accuracy: dev
 WER at most 5.0 % (greedy finals: 9.9 %), and a short doubted word stays a word rather than being
-written as a hum (the hum question is asked of a greedy decode, whose scores it was measured on)."""
+written as a hum (the hum question is asked of a greedy decode, whose scores set its threshold)."""
 import pytest
 import soundfile as sf
 from helpers import DEV

@@ -48,7 +48,7 @@ def test_duplex_run_reply_wav_matches_logged_text(tmp_path):
     spoken = " ".join(t["reply"] for t in turns)
     score = wer([spoken], [" ".join(heard)])
     print("logged:", spoken, "\nheard: ", " ".join(heard), f"\nWER {score:.2f}")
-    # Piper -> Whisper tiny.en round trips of short replies measure 0-27 % WER here (one misheard
+    # Piper -> Whisper tiny.en round trips of short replies measure 0-27 % WER (one misheard
     # word in a ten-word reply is 10 %); audio of some other text scores far worse.
     assert score <= 0.35
     unrelated = "Seven large whales swim slowly through the cold northern ocean every winter."

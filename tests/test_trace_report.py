@@ -239,7 +239,7 @@ def test_tts_rtf_counts_synthesis_not_the_wait_for_llm_text():
     end = _voice_turn(tr, 0, 10_000 * MS, gaps_ms=[1120] * 3)
     _voice_turn(tr, 1, end + 5000 * MS, gaps_ms=[1120] * 3)
     s = _tts(tr)
-    assert s["window_s"] / s["audio_s"] == pytest.approx(0.92)  # what the old report called RTF
+    assert s["window_s"] / s["audio_s"] == pytest.approx(0.92)  # request → done over the audio: not the RTF
     assert s["busy_basis"] == "request→chunk" and s["rtf_basis"] == "audio"
     assert s["busy_s"] == pytest.approx(8 * 0.080)
     assert s["rtf"] == pytest.approx(0.08)
@@ -282,7 +282,7 @@ def test_memory_trend_leaves_out_the_warm_up():
     tr.instant(Stage.TURN, Ev.TURN_END, 1, ts_ns=t0 + 5000 * MS)  # first reply to the user: warm
     _rss(tr, t0, 60, _loading)
     m = memory_trend(tr.events())[Ev.RSS_MB]
-    assert (m["last"] - m["first"]) == pytest.approx(930, abs=1)  # the old trend: +930 MB/min
+    assert (m["last"] - m["first"]) == pytest.approx(930, abs=1)  # a trend with the warm-up in it: +930 MB/min
     assert m["slope_mb_per_min"] == pytest.approx(0.0, abs=0.5)
     assert m["warmup_n"] == 10 and m["n"] == 121  # samples before 5 s
     assert "MB/min over 55.0 s after warm-up (121 samples, 10 of them warm-up)" in format_stages(

@@ -10,8 +10,8 @@ mark = st.one_of(st.just(0.0), st.floats(1000.0, 1010.0, allow_nan=False))
 
 
 def _summary_before(marks):
-    """TurnRecord.summary()'s own stage code before it called breakdown() (agent/session.py at
-    2a1b1f3), the oracle for the switch."""
+    """TurnRecord.summary()'s own stage code of agent/session.py at 2a1b1f3, kept as the oracle
+    that breakdown() reproduces."""
     names = ["endpoint_ms", "asr_final_ms", "llm_ttft_ms", "tts_first_chunk_ms", "send_ms"]
     stages = {}
     prev = marks[0]
@@ -32,7 +32,7 @@ def _summary_before(marks):
 def test_it_is_what_turn_record_summary_computed(speech_end, later):
     """Same keys, same numbers as the session's records had, for every record that has a speech
     end and plays its first audio last, as a session does. (Audio out before another milestone
-    never happens; there the old voice-to-voice was unclamped and did not equal its stages' sum.)"""
+    never happens; there the oracle's voice-to-voice is unclamped and does not equal its stages' sum.)"""
     marks = [speech_end, *later]
     assume(not marks[5] or marks[5] >= max(marks))
     got = breakdown(*marks)

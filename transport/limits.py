@@ -6,7 +6,7 @@ asking faster than conversations end.
 Sans-I/O: addresses are strings, the clock is passed in. The state is bounded: at most
 `max_sources` addresses are remembered (the least recently seen forgotten first; an address
 with live conversations is counted apart and never forgotten while they last). Addresses in
-`exempt` (default loopback: a reverse proxy on this machine is every caller at once) are not
+`exempt` (default loopback: a reverse proxy on the same host is every caller at once) are not
 limited. Behind a proxy, name it in `trusted_proxies`: a request from it is counted by the
 address it says it forwards for (the right-most X-Forwarded-For entry that is not itself a
 trusted proxy); a request from anywhere else by its own address, whatever it claims.

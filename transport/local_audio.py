@@ -14,8 +14,8 @@ the event loop's but through `call_soon_threadsafe`:
   words counted as heard are the ones that have left the speaker. `clear` (a barge-in) empties
   the buffer at once; what PortAudio and the device already hold (`output_latency_s`, ~0.1 s)
   still plays. The speaker's buffer is `speaker_buffer_s` (0.1 s), not PortAudio's low-latency
-  default: with ~40 ms a process busy with its models on two cores missed the callback's
-  deadline, and the card lost reply audio (ALSA underruns: words cut from the reply).
+  default: with ~40 ms a process busy with its models on two cores misses the callback's
+  deadline, and the card loses reply audio (ALSA underruns: words cut from the reply).
 
 The conversation ends (`receive` returns None) after `duration_s`, or when the microphone's
 stream ends (the device went away).

@@ -24,14 +24,13 @@ class TextChunker:
 
     The first chunk of an answer may end at a clause boundary once it has `first_clause_words`
     words, or at any word boundary past `first_max_words` words, so speech starts early: each
-    word waited for costs one LLM token (~17 ms for the default LLM on a 2-core CPU) before the
-    first audio. Two words by default: the voice says them in ~0.6 s, long enough to synthesize
-    the next chunk, which is cut at a clause past `clause_words` or anywhere past
-    `second_max_words` words (~25 ms a word of LLM and voice time here, so it is ready before
-    the first runs out). Later chunks break at clauses past `clause_words` words, and anywhere
-    past `max_words`. The cut costs no measurable intelligibility (`scripts/chunk_join_wer.py`:
-    Piper joe through the embedded Whisper, 30 sentences x 5 runs: 3.9 % WER unchunked, 3.7 %
-    with a 4-word first chunk, 3.9 % with a 2-word one).
+    word waited for costs one LLM token before the first audio (`duplex bench latency` shows
+    the first chunk's stage). Two words by default: the voice says them in ~0.6 s, long enough to
+    synthesize the next chunk, which is cut at a clause past `clause_words` or anywhere past
+    `second_max_words` words (a word of LLM and voice time costs tens of ms, so it is ready
+    before the first runs out). Later chunks break at clauses past `clause_words` words, and
+    anywhere past `max_words`. The cut costs no measurable intelligibility
+    (`scripts/chunk_join_wer.py` re-measures the round-trip WER by first-chunk size).
     """
 
     def __init__(self, first_clause_words: int | None = None, first_max_words: int = 2, clause_words: int = 12,

@@ -107,7 +107,7 @@ class IceServers:
 
     def page_config(self, now: float, user: str = REST_USER) -> dict:
         """The body of GET /webrtc/config: `{"iceServers": [RTCIceServer, ...]}` (empty list:
-        host candidates only, as on a LAN or this machine)."""
+        host candidates only, as on a LAN or the same host)."""
         return {"iceServers": [s.to_page() for s in self.at(now, user)]}
 
 

@@ -122,7 +122,7 @@ async function startWebSocket(why) {
 }
 
 // The STUN/TURN servers the server was started with (--ice-server), TURN credentials included
-// (minted for this call when it has --turn-secret); an empty list on a LAN or this machine.
+// (minted for this call when it has --turn-secret); an empty list on a LAN or the same host.
 async function iceConfig() {
   const r = await fetch("/webrtc/config" + tokenQuery, { cache: "no-store" });
   if (!r.ok) {
@@ -230,8 +230,8 @@ function scheduleStarted(m) {
 
 // barge-in over WebRTC: the server has stopped feeding the track; what the element and its
 // jitter buffer still hold plays out muted. Muted, not paused or detached: the element goes on
-// pulling from its jitter buffer, which stays as short as it was (a detached element's filled
-// up, and the next reply was heard ~80 ms later until NetEq had caught up, seconds after).
+// pulling from its jitter buffer, which stays as short as it was (a detached element's fills
+// up, and the next reply is heard ~80 ms late until NetEq catches up, seconds later).
 let unmuteTimer;
 function flushReplyAudio() {
   for (const t of pendingPlays.values()) clearTimeout(t);

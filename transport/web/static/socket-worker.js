@@ -1,8 +1,8 @@
 // The page's WebSocket, owned by a worker: mic frames go from the mic worklet to the socket,
 // reply audio and `clear` from the socket to the player worklet, and the player's played marks
 // back to the server, without waiting behind the main thread (layout, the transcript, the
-// latency table; on a loaded machine that wait was what made a barge-in late, and the server's
-// count of what was heard wrong). The main thread gets every event, stamped with when it
+// latency table; on a loaded CPU that wait makes a barge-in late, and the server's count of
+// what was heard wrong). The main thread gets every event, stamped with when it
 // happened here, on the page's clock.
 //
 // From the page: {type: "open", url, page_origin}, {type: "mic", port}, {type: "player", port},
@@ -32,7 +32,7 @@ let bestRtt = Infinity, serverOffset = 0;
 // rather than grown. What the server has read is counted by pings (the server reads in order,
 // so a pong says every byte sent before its ping was read), not by bufferedAmount: Chromium 156
 // hands frames on to its network process, which queues them without limit, and bufferedAmount
-// stayed at one frame with 38 MB unread by the peer.
+// can stay at one frame with tens of MB unread by the peer.
 const PAGE_WINDOW = 256, PAGE_BACKLOG = 2048, SEND_CAP_BYTES = 256 * 1024;
 const PROBE_FRAMES = 25, PROBES_HELD = 64;  // a ping every 0.5 s of audio; pings awaiting pongs
 let unseen = 0, lost = 0, closeReason = "";
