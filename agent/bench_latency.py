@@ -364,7 +364,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from agent.models import ModelChoice, load_models  # sets the OpenMP spin before models load
+    from agent.models import ModelChoice, load_models
 
     with contextlib.ExitStack() as stack:
         work = args.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-latency-")))

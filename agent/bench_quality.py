@@ -284,7 +284,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from agent.endpointing import DEFAULT_POLICY
-    from agent.models import ModelChoice, load_models  # sets the OpenMP spin before models load
+    from agent.models import ModelChoice, load_models
     from asr.whisper_stream import StreamingWhisper
 
     models = load_models(ModelChoice(llm=args.llm, tts=args.tts))

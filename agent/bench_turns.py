@@ -532,7 +532,9 @@ def parse_args(argv):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    import agent.models  # noqa: F401  (the OpenMP spin, before the model libraries load)
+    from agent.models import configure_openmp
+
+    configure_openmp()  # before the model libraries load
     from agent.eou import SmartTurn, TextTurnScorer
     from asr.vad import SileroVAD
     from asr.whisper import WhisperRecognizer

@@ -265,7 +265,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_talk(args) -> int:
-    """A conversation through this machine's microphone and speaker."""
+    """A conversation through the local microphone and speaker."""
     if args.list_devices:
         import sounddevice as sd
 
@@ -320,6 +320,9 @@ def _delegate(module: str, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from agent.models import configure_openmp
+
+    configure_openmp()  # before any model library loads
     # sub-tools with their own argument parsers
     if argv[:1] == ["asr-serve"]:
         return _delegate("asr.server", argv[1:])

@@ -6,25 +6,26 @@ import os
 import time
 from dataclasses import dataclass, field
 
-# CTranslate2 (Whisper), llama.cpp and torch parallelise with OpenMP (libgomp). Idle workers
-# that spin for long starve the other models on a small CPU (once measured here: 1.3 s -> 17 s
-# voice-to-voice). Workers that never spin (OMP_WAIT_POLICY=PASSIVE, used until 2026-11-30)
-# are as bad for llama.cpp: every operation of every token then waits for futex wake-ups,
-# 16 -> 33 ms a token here. A short spin (10,000 rounds, microseconds) keeps a token's
-# operations back to back and still lets idle workers sleep. ACTIVE, with a spin count given,
-# only keeps that spin when libgomp manages more threads than there are cores (else it spins
-# 100 rounds): once the text turn model had run llama.cpp from a second thread, the reply's
-# tokens took 70 ms instead of 41 for the rest of the process. libgomp reads these when it
-# loads, so they are set before any model library loads; a user's own setting wins.
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-
 from agent.config import Models
 from agent.endpointing import CombinedPolicy, EndOfTurnPolicy
 from llm import bundled
 
 log = logging.getLogger("duplex.models")
+
+
+def configure_openmp() -> None:
+    """CTranslate2 (Whisper), llama.cpp and torch parallelise with OpenMP (libgomp). Idle
+    workers that spin for long starve the other models on a small CPU (voice-to-voice grows
+    tenfold); workers that never spin (OMP_WAIT_POLICY=PASSIVE) make every operation of every
+    llama.cpp token wait for futex wake-ups (a token takes twice as long). A short spin (10,000
+    rounds, microseconds) keeps a token's operations back to back and still lets idle workers
+    sleep. ACTIVE, with a spin count given, keeps that spin even when libgomp manages more
+    threads than there are cores (the text turn model's llama.cpp thread besides the reply's).
+    libgomp reads these when it loads: the entry points call this before any model library is
+    imported; a user's own setting wins. `duplex bench latency` re-measures the effect."""
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
+        os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 
 @dataclass
@@ -45,6 +46,7 @@ class ModelChoice:
 
 
 def load_models(choice: ModelChoice | None = None) -> Models:
+    configure_openmp()  # before the model libraries load (a caller that loaded them first keeps its own)
     from asr.vad import SileroVAD
     from asr import load_recognizer
     from llm import load_chat_model
@@ -60,8 +62,8 @@ def load_models(choice: ModelChoice | None = None) -> Models:
     if choice.eou and choice.endpointing.uses_audio_model:
         from agent.eou import SmartTurn
 
-        # the session asks it alone (nothing else runs until its verdict): both cores, ~23 ms
-        # a check here against ~30 ms on one (after 100 ms idle, 6 dev clips)
+        # the session asks it alone (nothing else runs until its verdict): both cores, a
+        # quarter quicker than one (`duplex bench turns` times its checks)
         eou = SmartTurn(threads=min(2, os.cpu_count() or 1))
         if choice.endpointing.uses_text_model:
             from agent.eou import CombinedEou, TextTurnScorer

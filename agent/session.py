@@ -14,6 +14,7 @@ import inspect
 import itertools
 import logging
 import time
+import weakref
 from collections import deque
 
 from agent import listener as heard
@@ -28,6 +29,7 @@ from agent.session_events import (
     BargeIn, DtmfReceived, EventBus, ReplyFinished, ReplyStarted, SessionEnded, UserTurnFinal)
 from agent.tool_steps import ReplyTools
 from agent.voice_agent import Agent
+from agent.weak import weak_async, weak_call
 from agent.trace import Ev, NullTracer, Stage, Tracer
 from agent.turns import State
 from agent.workers import cancel_and_wait, run_in
@@ -63,10 +65,11 @@ class Session:
         self.tracer: Tracer = tracer if tracer is not None else NullTracer(session_id)
         self.session_id = session_id
         self.records = TurnLog()
-        self._history = History(self.config.max_history_messages, on_new_prefix=lambda: self._warm(""))
+        # the parts call back through weak references: no cycle keeps a finished call alive
+        self._history = History(self.config.max_history_messages, on_new_prefix=weak_call(self._warm_prefix))
         self.listener = Listener(models.asr, models.vad_factory(), models.eou, self.config.listener(), self.tracer,
-                                 self._on_heard, turn=lambda: len(self.records), echo=self._is_echo)
-        self.replies = Replies(self._new_reply, self._history, self.records, transport, self.tracer)
+                                 weak_async(self._on_heard), turn=self.records.__len__, echo=weak_call(self._is_echo))
+        self.replies = Replies(weak_call(self._new_reply), self._history, self.records, transport, self.tracer)
         self._awaiting_final: deque[TurnRecord] = deque(maxlen=8)  # turns ended, transcript to come
         self._warm_task: asyncio.Task | None = None
         self._warm_stop = ReadAheadStop()  # the current warm's
@@ -315,10 +318,12 @@ class Session:
         messages = self._history.prompt(system, user_text)
         tools = None
         if self.tools and kw.get("fixed_text") is None:
-            tools = ReplyTools(self.tools, self.agent.tool_policy, self.tracer, rec, self.events.emit, session=self)
+            tools = ReplyTools(self.tools, self.agent.tool_policy, self.tracer, rec, self.events.emit,
+                               session=weakref.proxy(self))
         return Reply(rec, messages, llm=self.models.llm, tts=self.models.tts, transport=self.transport,
-                     config=self.config.reply(), tracer=self.tracer, new_chunk_id=lambda: next(self._chunk_ids),
-                     hooks=self, tools=tools, context=lambda: self._history.settled_prompt(system, user_text), **kw)
+                     config=self.config.reply(), tracer=self.tracer, new_chunk_id=self._chunk_ids.__next__,
+                     hooks=weakref.proxy(self), tools=tools,
+                     context=functools.partial(self._history.settled_prompt, system, user_text), **kw)
 
     async def _greet(self) -> None:
         """Speak the greeting as a reply of its own: a turn with no user words."""
@@ -395,6 +400,9 @@ class Session:
         await self._send(TurnLatency(rec.summary()))
 
     # ---- prompt warming -----------------------------------------------------------------------------
+    def _warm_prefix(self) -> None:
+        self._warm("")
+
     def _warm(self, user_so_far: str | None) -> None:
         """Have the LLM evaluate a prompt prefix now, while the user speaks, instead of in the
         next turn's time to first token: a new prefix (the session's start, or the history just

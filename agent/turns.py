@@ -57,9 +57,9 @@ Defaults, and why:
   after the exact end). A frame 35 dB below the utterance's loudest frame, once Silero's
   probability has begun to fall, counts as stopped for `SpeechStopped` (the speculative decode)
   but not for the pause, which counts Silero's silence alone: speculative work starts on the
-  eager signal, the turn is committed on the conservative one. On the 10 bench turns and the 12
-  dev clips (`Silero` + this machine, offline) it started the decode 32-64 ms earlier on 7 of 22
-  and added 2 decodes inside speech (10 instead of 8); it never fires in noise louder than -35 dB.
+  eager signal, the turn is committed on the conservative one. On the bench turns and the dev
+  clips it starts the decode a frame or two earlier on about a third of them, for a decode or
+  two more inside speech; it never fires in noise louder than -35 dB.
 - `pause_s` 0.2: pipecat's VAD stop_secs when a turn model follows; the smart-turn model then
   decides, so short pauses cost little.
 - The policies' longest wait, 1.5 s: the fallback when the turn model says "incomplete"
@@ -69,8 +69,7 @@ Defaults, and why:
 - `barge_in_min_speech_s` 0.1: three 32 ms frames, as for an utterance's start. A pause costs
   little when it proves false (the reply resumes at the sample it paused, nothing is lost), and
   the bot must stop within 250 ms of the user's onset: Silero's onset lag plus 0.1 s plus the
-  clear's way to the far end. (It was 0.3 s when a barge-in cut the reply at once; LiveKit
-  pauses after 0.5 s.)
+  clear's way to the far end. (LiveKit pauses after 0.5 s.)
 - `false_interruption_s` 2.0: LiveKit's false-interruption timeout, which also starts when the
   user stops speaking. Longer than the policies' longest wait: the utterance's end of turn and its final
   transcript decide first.
@@ -95,19 +94,16 @@ Defaults, and why:
   room, a TV at -20 dB, the echo's bursts); once it grows to the user's level it pauses it as
   usual. `None`: any speech over the bot pauses it.
 - `max_utterance_s` 25: Whisper decodes at most 30 s at once.
-- "combined" (the default since 2026-12-02): `text_weight` 3, `text_bias` 13, `combined_threshold` 0.5, `min_wait_s`
-  0.1, chosen on `duplex bench turns` (82 complete, 150 incomplete utterances; a grid over
-  weight 1-3, bias 12-16, threshold 0.3-0.7). With its default model costs it gives 223/254 ms
-  p50/p90 from the true end of speech to the end of turn and 4.7 % false cut-offs (7/150) on
-  a Zen 5 EPYC (2026-12-04; 3.3 % on the Xeon of 2026-12-01), against 302/580 ms and 74.7 %
-  for the rules and 302/1571 ms and 56.7 % for smart-turn alone (README). The text score
+- "combined" (the default): `text_weight` 3, `text_bias` 13, `threshold` 0.5, `min_wait_s` 0.1,
+  chosen on `duplex bench turns` (82 complete, 150 incomplete utterances; a grid over weight
+  1-3, bias 12-16, threshold 0.3-0.7): the quickest turn ends with the fewest false cut-offs
+  (about 0.22/0.25 s p50/p90 from the true end of speech, under 5 % cut-offs, against 0.3/0.6 s
+  and three quarters cut off for the rules; docs/turn-taking.md has the table). The text score
   decides (cut fragments: 1e-7-1e-12; complete requests, unpunctuated: 1e-1-1e-7; its bias is
-  the trade-off: 14 gave 217/243 ms and 4.0 % on the Xeon but 6.0 % (9/150) on the Zen 5, whose
-  int8 Whisper writes a few fragments differently; 12 cuts off 4.0 % there for a p90 of 1296
-  ms; 16 gives 7.3-8.7 % and 236 ms), so the decode runs first and smart-turn only when it could still move the
-  wait (`wants_audio_verdict`): smart-turn calls most cut fragments complete in these voices. The
-  cut-offs left are Whisper's: it completes a cut fragment ("Set a timer for it.", "some tips
-  for some tips?").
+  the trade-off between cut-offs and the p90), so the decode runs first and smart-turn only when
+  it could still move the wait (`wants_audio_verdict`): smart-turn calls most cut fragments
+  complete in these voices. The cut-offs left are Whisper's: it completes a cut fragment ("Set
+  a timer for it.", "some tips for some tips?").
 """
 from __future__ import annotations
 

@@ -1,0 +1,30 @@
+"""Callbacks from a conversation's parts to their owner that do not keep the owner alive: the
+session holds its listener, replies and history, and they call back into it; with strong
+references that is a cycle, and only the cyclic collector would free a finished conversation.
+Weak ones let reference counting free it the moment its last reference goes."""
+from __future__ import annotations
+
+import weakref
+from collections.abc import Awaitable, Callable
+
+
+def weak_call(method: Callable) -> Callable:
+    """`method` (a bound method) called while its object lives; None once it is gone."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args, **kwargs):
+        bound = ref()
+        return None if bound is None else bound(*args, **kwargs)
+
+    return call
+
+
+def weak_async(method: Callable[..., Awaitable]) -> Callable[..., Awaitable]:
+    """`weak_call` for a coroutine method: awaiting it once the object is gone does nothing."""
+    ref = weakref.WeakMethod(method)
+
+    async def call(*args, **kwargs):
+        bound = ref()
+        return None if bound is None else await bound(*args, **kwargs)
+
+    return call
