@@ -5,6 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent.listener import ListenerConfig
+from agent.pipeline import Pipeline, pipeline_named
 from agent.reply import LLM_APOLOGY, ReplyConfig
 from agent.turns import TurnConfig
 from agent.voice_agent import DEFAULT_INSTRUCTIONS
@@ -19,7 +20,7 @@ DEFAULT_SYSTEM_PROMPT = DEFAULT_INSTRUCTIONS
 @dataclass
 class SessionConfig:
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
-    mode: str = "concurrent"  # "concurrent" | "waterfall"
+    mode: str = "concurrent"  # a name in agent.pipeline.PIPELINES: "concurrent" | "waterfall"
     turns: TurnConfig = field(default_factory=TurnConfig)
     # context kept for the LLM; when it overflows, it is cut back to half in one go
     max_history_messages: int = 16
@@ -34,8 +35,8 @@ class SessionConfig:
     max_speculations_per_turn: int = 5
     final_pad_s: float = 0.12
     # the reply speculates on a pause's transcript while the text model judges it, where there are
-    # cores for both (`ListenerConfig.speculate_before_verdict`)
-    speculate_before_verdict: bool = field(default_factory=lambda: physical_cores() >= 2)
+    # cores for both (`ListenerConfig.speculate_before_verdict`; None: decided from the cores)
+    speculate_before_verdict: bool | None = None
     # the LLM's first token must come within this, and each next one within this of the one
     # before, or the reply fails (None: wait for ever). `--llm-timeout` (5 s) sets it for an LLM
     # server, which can be down or stalled; an embedded model is only ever slow
@@ -43,13 +44,21 @@ class SessionConfig:
     # spoken after a reply's LLM failed (down, stalled, cut off); not kept as what it said
     llm_apology: str = LLM_APOLOGY
 
+    def __post_init__(self):
+        pipeline_named(self.mode)  # refused here, not at the first reply
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return pipeline_named(self.mode)
+
     def reply(self) -> ReplyConfig:
-        return ReplyConfig(self.mode, self.max_tokens, self.first_chunk_words, self.playout_lead_s, self.piece_s,
+        return ReplyConfig(self.pipeline, self.max_tokens, self.first_chunk_words, self.playout_lead_s, self.piece_s,
                            llm_timeout_s=self.llm_timeout_s, apology=self.llm_apology)
 
     def listener(self) -> ListenerConfig:
+        both = self.speculate_before_verdict
         return ListenerConfig(self.turns, self.max_speculations_per_turn, self.final_pad_s,
-                              speculate_before_verdict=self.speculate_before_verdict)
+                              speculate_before_verdict=physical_cores() >= 2 if both is None else both)
 
 
 @dataclass

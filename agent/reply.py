@@ -1,8 +1,8 @@
 """The reply pipeline: LLM -> text chunker -> TTS -> paced playout, for one answer.
 
-Stages run concurrently (`mode="concurrent"`): LLM tokens go to the voice at clause boundaries
-while the LLM still generates, and audio goes out while later clauses are synthesized. With
-`mode="waterfall"` the same stages run strictly one after another (for latency comparisons).
+Stages run concurrently (`pipeline=Concurrent()`, agent/pipeline.py): LLM tokens go to the voice
+at clause boundaries while the LLM still generates, and audio goes out while later clauses are
+synthesized. With `Waterfall()` the same stages run strictly one after another (the baseline).
 A reply is one task, its cancellation scope: cancelling it stops the LLM within a token and the
 voice within a chunk. A speculative reply runs behind a gate: its audio is held until the turn
 it guessed is confirmed. A reply the user speaks over is paused (its audio stops at once, its
@@ -27,12 +27,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from agent.history import Heard
+from agent.pipeline import Concurrent, Pipeline
 from agent.records import TurnRecord
 from agent.tool_steps import ReplyTools
 from agent.trace import Ev, Stage
@@ -58,7 +59,7 @@ class LLMStalled(RuntimeError):
 
 @dataclass
 class ReplyConfig:
-    mode: str = "concurrent"  # "concurrent" | "waterfall"
+    pipeline: Pipeline = field(default_factory=Concurrent)  # the stages at once, or one after another
     max_tokens: int = 80
     # words of the answer's first TTS chunk (see tts/chunking.py): each word waited for costs
     # one LLM token before the first audio (`duplex bench latency` re-measures it)
@@ -357,6 +358,8 @@ class Reply:
         self.llm_error: BaseException | None = None  # the LLM failed (vs. the voice or the line)
         self.spoken = ""  # what was said to the end
         self.task: asyncio.Task | None = None
+        self._flow = config.pipeline.flow(config.max_tokens)
+        self._filler: asyncio.Task | None = None  # says a filler if the answer is slow to come after a call
 
     @property
     def committed(self) -> bool:
@@ -364,7 +367,12 @@ class Reply:
 
     def start(self) -> "Reply":
         self.task = asyncio.create_task(self._run(), name=f"reply-{self.record.index}")
+        self.task.add_done_callback(self._forget_task)
         return self
+
+    def _forget_task(self, task: asyncio.Task) -> None:
+        # an ended task keeps its exception, whose frames refer to this reply: a cycle
+        self.task = None
 
     def commit(self) -> None:
         self.gate.set()
@@ -456,218 +464,197 @@ class Reply:
         except Exception as e:  # noqa: BLE001
             log.warning("turn %d: the apology could not be spoken: %s", self.record.index, describe(e))
 
+    # ---- the stages: LLM -> chunker -> voice -> line, through the pipeline's flow ------------------
     async def _stages(self) -> None:
-        rec, cfg, tr = self.record, self.config, self.tracer
-        # LLM -> TTS: room for the whole answer (a chunk holds a token at least), so the LLM, one
-        # model context for every conversation, waits on the voice only for the first chunk; a
-        # long story told at the pace of its audio kept it waiting past the bridge's 30 s, which
-        # takes such a stream for abandoned (llm/bridge.py)
-        text_q: asyncio.Queue = asyncio.Queue(maxsize=cfg.max_tokens + 1)
-        tr.instant(Stage.LLM, Ev.REQUEST, turn=rec.index, flow=rec.index + 1)
-        tokens = rec.tokens
-        waterfall = cfg.mode == "waterfall"
-        held: list[str] = []  # waterfall: the whole answer is kept until the LLM is done
-        # First audio first: once the first piece of text is out, the LLM waits until the voice
-        # has turned it into audio. On a CPU the two would share the cores and both run at half
-        # speed (Piper: ~38 ms alone, 60-95 ms beside the LLM) while the first chunk is the only
-        # thing the user waits for; later tokens have the first chunk's playout to arrive in.
-        first_piece_done = asyncio.Event()
-
-        filler: asyncio.Task | None = None  # says a filler if the answer is slow to come after a call
-
-        async def emit(piece: str, is_filler: bool = False) -> None:
-            if filler is not None and not is_filler:
-                filler.cancel()  # the answer has come: no filler (one already queued is said)
-            self._said_words += len(piece.split())
-            if waterfall:
-                held.append(piece)
-            else:
-                await text_q.put(piece)
-                await first_piece_done.wait()
-
-        async def token_source(messages: list[Message], offer_tools: bool) -> AsyncIterator[str | ToolCall]:
-            if self.fixed_text is not None:
-                for word in self.fixed_text.split(" "):
-                    yield word + " "
-                return
-            offer = {"tools": self.tools.specs()} if offer_tools else {}
-            # a round offered no tools may still write one's JSON (it read of calls): never said
-            calls = ToolCallText() if self.tools is not None and not offer_tools else None
-            # a paused reply gives an embedded model back (its one thread and lock serve every
-            # conversation) and, resumed, continues its text where it stopped
-            gives_back = getattr(self.llm, "continues_text", False)
-            said = ""  # this request's text so far: what a continuation starts from
-            n = 0
-            toks = self.llm.stream(messages, cfg.max_tokens, **offer)
-            try:
-                it = aiter(toks)
-                while True:
-                    if gives_back and self.paused:
-                        await toks.aclose()
-                        tr.instant(Stage.LLM, Ev.YIELDED, turn=rec.index, tokens=n)
-                        await self._unpaused.wait()
-                        toks = self.llm.stream(messages, max(1, cfg.max_tokens - n), prefix=said, **offer)
-                        it = aiter(toks)
-                    await self._unpaused.wait()  # not part of the LLM's time: outside its bound
-                    limit = cfg.llm_timeout_s  # read at each wait: it may be changed mid-reply
-                    try:  # only the wait for the LLM is bounded, not what the reply does between tokens
-                        async with asyncio.timeout(limit) as deadline:
-                            tok = await anext(it)
-                    except StopAsyncIteration:
-                        break
-                    except Exception as e:
-                        if not deadline.expired():
-                            self.llm_error = e
-                            raise
-                        # the wait was cancelled inside the stream, which closed it (its connection)
-                        self.llm_error = LLMStalled(
-                            f"the LLM gave no first token within {limit:.1f} s" if not n else
-                            f"the LLM stopped: no token for {limit:.1f} s after {n} tokens")
-                        raise self.llm_error from None
-                    n += 1
-                    if isinstance(tok, str):
-                        said += tok
-                    if calls is None or not isinstance(tok, str):
-                        yield tok
-                    else:
-                        for item in calls.push(tok):
-                            yield item
-            finally:
-                await toks.aclose()
-            for item in calls.flush() if calls is not None else ():
-                yield item
-
-        async def generate(messages: list[Message], chunker: TextChunker, offer_tools: bool) -> list[ToolCall]:
-            """One LLM request: its text goes to the voice, its tool calls come back."""
-            calls: list[ToolCall] = []
-            span = tr.begin(Stage.LLM, Ev.GENERATE, turn=rec.index, model=getattr(self.llm, "name", "llm"))
-            try:
-                async with contextlib.aclosing(token_source(messages, offer_tools)) as toks:
-                    async for tok in toks:
-                        if isinstance(tok, ToolCall):
-                            calls.append(tok)  # read on: a model may ask for several at once
-                            continue
-                        if not tokens:
-                            rec.llm_first_token = time.perf_counter()
-                            tr.instant(Stage.LLM, Ev.FIRST_TOKEN, turn=rec.index)
-                        tokens.append(tok)
-                        tr.instant(Stage.LLM, Ev.TOKEN, turn=rec.index, text=tok)
-                        if self.committed:
-                            await self.hooks.send(BotText(rec.index, tok))
-                        for piece in chunker.push(tok):
-                            await emit(piece)
-            except asyncio.CancelledError:
-                tr.instant(Stage.LLM, Ev.CANCEL, turn=rec.index)
-                raise
-            finally:
-                tr.end(span, tokens=len(tokens), tool_calls=len(calls))
-            return calls
-
-        async def say_filler() -> None:
-            await asyncio.sleep(self.tools.policy.filler_delay_s)
-            if (phrase := self.tools.filler()) is not None:
-                await emit(phrase, is_filler=True)
-
-        async def think() -> None:
-            try:
-                await answer()
-            finally:
-                if filler is not None:
-                    filler.cancel()
-
-        async def answer() -> None:
-            nonlocal filler
-            chunker = TextChunker(first_max_words=cfg.first_chunk_words)
-            messages = self.messages
-            if self._context is not None and self.fixed_text is None:
-                messages = self.messages = await self._context()
-            style = self._tool_results()
-            offer_tools = self.tools is not None and bool(self.tools.tools)
-            while True:
-                before = len(tokens)
-                calls = await generate(style.prepare(messages, offer_tools) if style else messages, chunker, offer_tools)
-                if not calls:
-                    break
-                for piece in chunker.flush():  # what it said before the calls is heard while they run
-                    await emit(piece)
-                if self.tools is None or not offer_tools or not self.tools.may_run():
-                    if self.tools is not None:
-                        self.tools.refuse(calls, f"more than {self.tools.policy.max_steps} tool rounds in one reply"
-                                          if offer_tools else "the answer's round offers no tools")
-                    break
-                await self.gate.wait()  # never speculative: a guess that is cancelled runs no tool
-                # the filler covers the tools' time and the model's until its answer's first words
-                if filler is None or filler.done():
-                    filler = asyncio.create_task(say_filler(), name="filler")
-                results = await self.tools.run(calls, lambda: self._said_words)
-                messages = [*messages, assistant_calls("".join(tokens[before:]).strip(), calls), *results]
-                offer_tools = style.chains
-                if tokens and not tokens[-1].endswith(" "):
-                    tokens.append(" ")  # the next round's words are a new sentence in reply_text
-            for piece in chunker.flush():
-                await emit(piece)
-            if self.tools is not None and (self.tools.steps or self.tools.refused) and not self._said_words:
-                await emit(self.tools.policy.no_answer)  # the user hears an answer, never silence
-            tr.instant(Stage.LLM, Ev.DONE, turn=rec.index)
-            if not waterfall:
-                await text_q.put(None)
-
-        async def texts() -> AsyncIterator[str]:
-            if waterfall:
-                for piece in held:
-                    tr.instant(Stage.TTS, Ev.REQUEST, turn=rec.index, text=piece, flow=rec.index + 1)
-                    yield piece
-                return
-            while (piece := await text_q.get()) is not None:
-                tr.instant(Stage.TTS, Ev.REQUEST, turn=rec.index, text=piece, flow=rec.index + 1)
-                yield piece
-                first_piece_done.set()  # back for more: that piece is done (spoken, or had no words)
-
-        async def speak() -> None:
-            audio: list[AudioChunk] = []
-            try:
-                async with contextlib.aclosing(self.tts.stream(texts())) as chunks:
-                    async for chunk in chunks:
-                        if chunk.error is not None:  # the voice failed on it (and logged it): skip
-                            rec.tts_skipped += 1
-                            tr.instant(Stage.TTS, TTS_SKIP, turn=rec.index, text=chunk.text[:200],
-                                       error=chunk.error[:200])
-                            continue
-                        if not rec.tts_first_chunk:
-                            rec.tts_first_chunk = time.perf_counter()
-                            first_piece_done.set()
-                            tr.instant(Stage.TTS, Ev.FIRST_CHUNK, turn=rec.index)
-                        rec.tts_samples += chunk.pcm.size / chunk.sample_rate
-                        tr.instant(Stage.TTS, Ev.CHUNK, turn=rec.index, samples=int(chunk.pcm.size),
-                                   sample_rate=chunk.sample_rate, text=chunk.text)
-                        if waterfall:
-                            audio.append(chunk)  # all speech first, then play
-                        else:
-                            await self._play(chunk)
-            except asyncio.CancelledError:
-                tr.instant(Stage.TTS, Ev.CANCEL, turn=rec.index)
-                raise
-            finally:
-                first_piece_done.set()
-            tr.instant(Stage.TTS, Ev.DONE, turn=rec.index)
-            for chunk in audio:
-                await self._play(chunk)
-
-        if waterfall:
-            await think()
-            await speak()
-        else:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(think())
-                tg.create_task(speak())
+        rec = self.record
+        self.tracer.instant(Stage.LLM, Ev.REQUEST, turn=rec.index, flow=rec.index + 1)
+        await self._flow.run(self._think, self._speak)
         await self.gate.wait()  # a speculative reply with no audio still waits to be committed
-        rec.reply_text = "".join(tokens).strip()
+        rec.reply_text = "".join(rec.tokens).strip()
         await self.playout.wait_played()
         # a skipped chunk was not heard; a filler was, though the LLM did not write it
         self.spoken = self.playout.sent_text() if rec.tts_skipped or self.ran_tools else rec.reply_text
         rec.heard_text = self.spoken
-        tr.instant(Stage.TURN, Ev.TURN_END, turn=rec.index)
+        self.tracer.instant(Stage.TURN, Ev.TURN_END, turn=rec.index)
         await self.hooks.reply_finished(self)
+
+    async def _think(self) -> None:
+        """The LLM's side: the answer, in as many tool rounds as it takes, as text for the voice."""
+        try:
+            await self._answer()
+        finally:
+            if self._filler is not None:
+                self._filler.cancel()
+
+    async def _answer(self) -> None:
+        rec, tokens = self.record, self.record.tokens
+        chunker = TextChunker(first_max_words=self.config.first_chunk_words)
+        messages = self.messages
+        if self._context is not None and self.fixed_text is None:
+            messages = self.messages = await self._context()
+        style = self._tool_results()
+        offer_tools = self.tools is not None and bool(self.tools.tools)
+        while True:
+            before = len(tokens)
+            calls = await self._generate(style.prepare(messages, offer_tools) if style else messages, chunker,
+                                         offer_tools)
+            if not calls:
+                break
+            for piece in chunker.flush():  # what it said before the calls is heard while they run
+                await self._emit(piece)
+            if not await self._may_run(calls, offer_tools):
+                break
+            results = await self.tools.run(calls, lambda: self._said_words)
+            messages = [*messages, assistant_calls("".join(tokens[before:]).strip(), calls), *results]
+            offer_tools = style.chains
+            if tokens and not tokens[-1].endswith(" "):
+                tokens.append(" ")  # the next round's words are a new sentence in reply_text
+        for piece in chunker.flush():
+            await self._emit(piece)
+        if self.tools is not None and (self.tools.steps or self.tools.refused) and not self._said_words:
+            await self._emit(self.tools.policy.no_answer)  # the user hears an answer, never silence
+        self.tracer.instant(Stage.LLM, Ev.DONE, turn=rec.index)
+        await self._flow.close()
+
+    async def _may_run(self, calls: list[ToolCall], offer_tools: bool) -> bool:
+        """Whether this round's calls run: refused past the rounds allowed or where no tools
+        were offered; else once the reply is committed (a guess that is cancelled runs no
+        tool), with a filler ready for when the answer is slow to come."""
+        if self.tools is None or not offer_tools or not self.tools.may_run():
+            if self.tools is not None:
+                self.tools.refuse(calls, f"more than {self.tools.policy.max_steps} tool rounds in one reply"
+                                  if offer_tools else "the answer's round offers no tools")
+            return False
+        await self.gate.wait()
+        # the filler covers the tools' time and the model's until its answer's first words
+        if self._filler is None or self._filler.done():
+            self._filler = asyncio.create_task(self._say_filler(), name="filler")
+        return True
+
+    async def _say_filler(self) -> None:
+        await asyncio.sleep(self.tools.policy.filler_delay_s)
+        if (phrase := self.tools.filler()) is not None:
+            await self._emit(phrase, is_filler=True)
+
+    async def _emit(self, piece: str, is_filler: bool = False) -> None:
+        """A piece of the answer for the voice."""
+        if self._filler is not None and not is_filler:
+            self._filler.cancel()  # the answer has come: no filler (one already queued is said)
+        self._said_words += len(piece.split())
+        await self._flow.put(piece)
+
+    async def _generate(self, messages: list[Message], chunker: TextChunker, offer_tools: bool) -> list[ToolCall]:
+        """One LLM request: its text goes to the voice, its tool calls come back."""
+        rec, tr, tokens = self.record, self.tracer, self.record.tokens
+        calls: list[ToolCall] = []
+        span = tr.begin(Stage.LLM, Ev.GENERATE, turn=rec.index, model=getattr(self.llm, "name", "llm"))
+        try:
+            async with contextlib.aclosing(self._tokens(messages, offer_tools)) as toks:
+                async for tok in toks:
+                    if isinstance(tok, ToolCall):
+                        calls.append(tok)  # read on: a model may ask for several at once
+                        continue
+                    if not tokens:
+                        rec.llm_first_token = time.perf_counter()
+                        tr.instant(Stage.LLM, Ev.FIRST_TOKEN, turn=rec.index)
+                    tokens.append(tok)
+                    tr.instant(Stage.LLM, Ev.TOKEN, turn=rec.index, text=tok)
+                    if self.committed:
+                        await self.hooks.send(BotText(rec.index, tok))
+                    for piece in chunker.push(tok):
+                        await self._emit(piece)
+        except asyncio.CancelledError:
+            tr.instant(Stage.LLM, Ev.CANCEL, turn=rec.index)
+            raise
+        finally:
+            tr.end(span, tokens=len(tokens), tool_calls=len(calls))
+        return calls
+
+    async def _tokens(self, messages: list[Message], offer_tools: bool) -> AsyncIterator[str | ToolCall]:
+        """The LLM's tokens and tool calls for one request (or the fixed text's words), each wait
+        for the LLM bounded by `llm_timeout_s`; paused, the reply reads nothing."""
+        if self.fixed_text is not None:
+            for word in self.fixed_text.split(" "):
+                yield word + " "
+            return
+        cfg, rec = self.config, self.record
+        offer = {"tools": self.tools.specs()} if offer_tools else {}
+        # a round offered no tools may still write one's JSON (it read of calls): never said
+        calls = ToolCallText() if self.tools is not None and not offer_tools else None
+        # a paused reply gives an embedded model back (its one thread and lock serve every
+        # conversation) and, resumed, continues its text where it stopped
+        gives_back = getattr(self.llm, "continues_text", False)
+        said = ""  # this request's text so far: what a continuation starts from
+        n = 0
+        toks = self.llm.stream(messages, cfg.max_tokens, **offer)
+        try:
+            it = aiter(toks)
+            while True:
+                if gives_back and self.paused:
+                    await toks.aclose()
+                    self.tracer.instant(Stage.LLM, Ev.YIELDED, turn=rec.index, tokens=n)
+                    await self._unpaused.wait()
+                    toks = self.llm.stream(messages, max(1, cfg.max_tokens - n), prefix=said, **offer)
+                    it = aiter(toks)
+                await self._unpaused.wait()  # not part of the LLM's time: outside its bound
+                limit = cfg.llm_timeout_s  # read at each wait: it may be changed mid-reply
+                try:  # only the wait for the LLM is bounded, not what the reply does between tokens
+                    async with asyncio.timeout(limit) as deadline:
+                        tok = await anext(it)
+                except StopAsyncIteration:
+                    break
+                except Exception as e:
+                    if not deadline.expired():
+                        self.llm_error = e
+                        raise
+                    # the wait was cancelled inside the stream, which closed it (its connection)
+                    self.llm_error = LLMStalled(
+                        f"the LLM gave no first token within {limit:.1f} s" if not n else
+                        f"the LLM stopped: no token for {limit:.1f} s after {n} tokens")
+                    raise self.llm_error from None
+                n += 1
+                if isinstance(tok, str):
+                    said += tok
+                if calls is None or not isinstance(tok, str):
+                    yield tok
+                else:
+                    for item in calls.push(tok):
+                        yield item
+        finally:
+            await toks.aclose()
+        for item in calls.flush() if calls is not None else ():
+            yield item
+
+    async def _texts(self) -> AsyncIterator[str]:
+        async for piece in self._flow.pieces():
+            self.tracer.instant(Stage.TTS, Ev.REQUEST, turn=self.record.index, text=piece, flow=self.record.index + 1)
+            yield piece
+
+    async def _speak(self) -> None:
+        """The voice's side: the flow's text as audio, to the line."""
+        rec, tr = self.record, self.tracer
+        try:
+            async with contextlib.aclosing(self.tts.stream(self._texts())) as chunks:
+                async for chunk in chunks:
+                    if chunk.error is not None:  # the voice failed on it (and logged it): skip
+                        rec.tts_skipped += 1
+                        tr.instant(Stage.TTS, TTS_SKIP, turn=rec.index, text=chunk.text[:200], error=chunk.error[:200])
+                        continue
+                    if not rec.tts_first_chunk:
+                        rec.tts_first_chunk = time.perf_counter()
+                        self._flow.voiced()
+                        tr.instant(Stage.TTS, Ev.FIRST_CHUNK, turn=rec.index)
+                    rec.tts_samples += chunk.pcm.size / chunk.sample_rate
+                    tr.instant(Stage.TTS, Ev.CHUNK, turn=rec.index, samples=int(chunk.pcm.size),
+                               sample_rate=chunk.sample_rate, text=chunk.text)
+                    await self._flow.audio(chunk, self._play)
+        except asyncio.CancelledError:
+            tr.instant(Stage.TTS, Ev.CANCEL, turn=rec.index)
+            raise
+        finally:
+            self._flow.voiced()
+        tr.instant(Stage.TTS, Ev.DONE, turn=rec.index)
+        await self._flow.finish(self._play)
 
     async def _play(self, chunk: AudioChunk, heard: bool = True) -> None:
         """`heard=False`: the apology, which is not the reply's first audio (its voice-to-voice)."""

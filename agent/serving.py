@@ -186,7 +186,6 @@ class Server:
         try:
             await self._converse(transport)
         finally:  # here the session is referenced no more
-            release_cycles()
             await run_in("io", release_free_memory)
 
     async def _converse(self, transport: Transport) -> None:
@@ -249,8 +248,9 @@ class Server:
         for line, is_open in route_guards(cfg, guards):
             log.log(logging.WARNING if is_open else logging.INFO, "guard: %s", line)
         # the models and imports live as long as the process: out of every collection, so that
-        # collecting a conversation's cycles (release_cycles) holds the event loop well under a
-        # millisecond, not tens of ms with the default models loaded
+        # the collector's rare full passes hold the event loop well under a millisecond, not
+        # tens of ms with the default models loaded (a conversation itself is freed by
+        # reference counting: tests/test_no_cycles.py)
         gc.freeze()
         routes = {f"/{name}": (lambda ws, d=d: MediaStreamTransport(ws, MediaStreamCall(d)))
                   for name, d in DIALECTS.items()}
@@ -343,14 +343,6 @@ def steady_malloc(mmap_threshold: int = 128 * 1024, arenas: int = 2) -> None:
         mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
     if "MALLOC_ARENA_MAX" not in os.environ:
         mallopt(_M_ARENA_MAX, arenas)
-
-
-def release_cycles() -> None:
-    """Collect an ended conversation's objects now. Its session, listener and transport refer to
-    each other (callbacks), so only the cyclic collector frees them, with the audio buffers they
-    hold (about 1.5 MB); left to the collector's own schedule, which counts objects, not bytes,
-    they piled up over a soak (4 of 5 conversations still held)."""
-    gc.collect()
 
 
 def release_free_memory() -> None:

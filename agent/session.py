@@ -246,14 +246,14 @@ class Session:
         elif isinstance(ev, heard.HeardPartial):
             await self._send(PartialTranscript(ev.text, ev.stable))
             # the LLM reads the words so far while the user goes on; not once they stopped,
-            # nor while a reply is on (a barge-in: its history is not settled yet), nor in
-            # waterfall mode (its LLM sees nothing before the final transcript)
+            # nor while a reply is on (a barge-in: its history is not settled yet), nor where the
+            # pipeline does not read ahead (the waterfall's LLM sees nothing before the final)
             if (self.listener.turns.in_speech and self.listener.state == State.USER_SPEAKING
                     and self.replies.current is None and self.replies.branch is None
-                    and self.config.mode == "concurrent"):
+                    and self.config.pipeline.reads_ahead):
                 self._warm(ev.text)
         elif isinstance(ev, heard.PauseTranscript):
-            if self.config.speculate and self.config.mode == "concurrent":
+            if self.config.speculate and self.config.pipeline.speculates:
                 self.replies.speculate(ev.text)
         elif isinstance(ev, heard.UserStopped):
             self._warm_stop.set()  # the decode of their words needs the cores more than the read-ahead

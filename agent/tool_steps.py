@@ -52,7 +52,10 @@ class ReplyTools:
         self._notify = notify  # typed session events (agent.session_events)
         self._session = session
         self.steps: list[ToolStep] = []
-        self._runs: dict[tuple[str, str], asyncio.Task] = {}  # (name, arguments) -> its one run
+        # (name, arguments) -> its one run: running, then its result. An ended task is not kept:
+        # a cancelled one's error holds the frames that refer to this object (a cycle)
+        self._running: dict[tuple[str, str], asyncio.Task] = {}
+        self._results: dict[tuple[str, str], str] = {}
         self.ends_call = False  # a tool asked to end the call once this reply has played
         self.refused = 0  # calls past max_steps, not run
         self._fillers = 0
@@ -78,23 +81,32 @@ class ReplyTools:
         in what is heard)."""
         step = ToolStep(calls, words_before=said_words())
         self.steps.append(step)
-        tasks: dict[str, asyncio.Task] = {}
+        keys = {call.id: (call.name, _canonical(call.arguments)) for call in calls}
         for call in calls:
-            key = (call.name, _canonical(call.arguments))
-            if key in self._runs:
+            key = keys[call.id]
+            if key in self._running or key in self._results:
                 self.tracer.instant(Stage.TOOL, Ev.TOOL_REUSED, turn=self.turn, tool=call.name)
             else:
-                self._runs[key] = asyncio.create_task(self._execute(call), name=f"tool-{call.name}")
-            tasks[call.id] = self._runs[key]
+                self._running[key] = asyncio.create_task(self._execute(call), name=f"tool-{call.name}")
         try:
-            await asyncio.wait(set(tasks.values()))
+            if pending := {self._running[k] for k in keys.values() if k in self._running}:
+                await asyncio.wait(pending)
         except asyncio.CancelledError:
-            await self._cut(step, tasks)
+            await self._cut(step, keys)
             raise
         finally:
             step.words_before = said_words()
-        step.results = {cid: task.result() for cid, task in tasks.items()}
+            self._settle()
+        step.results = {cid: self._results[key] for cid, key in keys.items()}
         return [tool_result(call, step.results[call.id]) for call in calls]
+
+    def _settle(self) -> None:
+        """Keep the results of the runs that ended; let their tasks go."""
+        for key, task in list(self._running.items()):
+            if task.done():
+                del self._running[key]
+                if not task.cancelled():
+                    self._results[key] = task.result()
 
     def filler(self) -> str | None:
         """The next filler phrase (they take turns), traced; None when the agent has none."""
@@ -106,13 +118,18 @@ class ReplyTools:
         self.tracer.instant(Stage.TOOL, Ev.FILLER, turn=self.turn, text=phrase)
         return phrase
 
-    async def _cut(self, step: ToolStep, tasks: dict[str, asyncio.Task]) -> None:
+    async def _cut(self, step: ToolStep, keys: dict[str, tuple[str, str]]) -> None:
         """The reply is cancelled mid-round: interruptible calls stop, the others go on."""
         stopping = []
         for call in step.calls:
-            task = tasks[call.id]
+            key = keys[call.id]
+            task = self._running.get(key)
             tool = self.tools.get(call.name)
-            if task.done() and not task.cancelled():
+            if key in self._results:
+                step.results[call.id] = self._results[key]
+            elif task is None:
+                continue  # a run asked twice in this round, cancelled already
+            elif task.done() and not task.cancelled():
                 step.results[call.id] = task.result()
             elif tool is not None and not tool.interruptible:
                 step.still_running[call.id] = task

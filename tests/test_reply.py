@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from agent.records import TurnRecord
+from agent.pipeline import pipeline_named
 from agent.reply import Playout, Reply, ReplyConfig
 from agent.trace import Ev, Stage, Tracer
 from tts.base import AudioChunk
@@ -56,7 +57,7 @@ def make(llm, mode="concurrent", speculative=False, tracer=None, **kw):
     far, hooks = Far(), Hooks()
     ids = itertools.count()
     reply = Reply(TurnRecord(index=0, user_text="q"), [{"role": "user", "content": "q"}], llm=llm, tts=ToneVoice(),
-                  transport=far, config=ReplyConfig(mode=mode, playout_lead_s=0.05), tracer=tracer if tracer is not None else Tracer("r"),
+                  transport=far, config=ReplyConfig(pipeline_named(mode), playout_lead_s=0.05), tracer=tracer if tracer is not None else Tracer("r"),
                   new_chunk_id=lambda: next(ids), hooks=hooks, speculative=speculative, **kw)
     return reply, far, hooks
 
