@@ -3,7 +3,7 @@
 # set-up script, so the image has what a laptop install has, models included (offline).
 #   docker build -t duplex:latest .
 #   docker run -e DUPLEX_AUTH_TOKEN=$(openssl rand -hex 16) -p 8080:8080 duplex:latest
-# The token is required: `duplex serve` refuses to listen on 0.0.0.0 without one (README, Serving).
+# The token is required: `duplex serve` refuses to listen on 0.0.0.0 without one (docs/serving.md).
 # For the Kyutai engine on GPU nodes, start from a CUDA base instead, e.g.
 #   docker build --build-arg BASE=nvidia/cuda:12.4.1-runtime-ubuntu22.04 -t duplex:gpu .
 ARG BASE=python:3.11-slim-bookworm

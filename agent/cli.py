@@ -210,7 +210,7 @@ def cmd_serve(args) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):  # the first drains; a second ends at once
             loop.add_signal_handler(sig, server.drain)
         print(f"duplex: phone media streams at ws://{args.host}:{args.port}/twilio, /telnyx, /plivo, /exotel "
-              f"and /vonage (see the README's 'Phone calls')", flush=True)
+              f"and /vonage (see docs/telephony.md)", flush=True)
         for line, _ in route_guards(config, config.phone_guards()):  # who may open what
             print(f"duplex: guard: {line}", flush=True)
         await server.run()
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                         "anyone who reaches the port; without it duplex serve refuses to start so")
     p.add_argument("--listener", action="append", metavar="MODULE:FUNCTION[=ARG]",
                    help="also serve a transport of your own: FUNCTION(ARG) in MODULE returns its listener "
-                        "(README, 'Adding a transport'; e.g. examples.pcm_tcp_transport:listener=9100); "
+                        "(docs/extending.md, 'A transport'; e.g. examples.pcm_tcp_transport:listener=9100); "
                         "repeatable")
     p.add_argument("--max-sessions", type=positive_int, default=16,
                    help="conversations at once, every route and port together (default 16); beyond it, or "
@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--public-url", default=os.environ.get("DUPLEX_PUBLIC_URL") or None,
                    help="the wss:// base URL the carriers were given, when a proxy's Host differs "
                         "(default: wss:// + the Host header); carriers sign that URL")
-    p.add_argument("--certfile", help="serve HTTPS/WSS with this PEM certificate (chain); see the README")
+    p.add_argument("--certfile", help="serve HTTPS/WSS with this PEM certificate (chain); see docs/serving.md")
     p.add_argument("--keyfile", help="the certificate's private key (PEM), if not in --certfile")
     p.add_argument("--auth-token", default=os.environ.get("DUPLEX_AUTH_TOKEN") or None,
                    help="/ws then requires ?token=TOKEN or 'Authorization: Bearer TOKEN' (else HTTP 401); "

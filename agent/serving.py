@@ -55,7 +55,7 @@ log = logging.getLogger("duplex.serve")
 BUSY = "Sorry, all our lines are busy right now. Please call again in a few minutes."
 GOODBYE = "Sorry, I have to end our call now. Goodbye."
 
-# A transport of your own (README, "Adding a transport"): `listen(conversation, admission)` accepts
+# A transport of your own (docs/extending.md, "A transport"): `listen(conversation, admission)` accepts
 # far ends until cancelled, and for each one admitted runs `await conversation(transport)`.
 Listener = Callable[[Callable[[Transport], Awaitable[None]], Admission], Awaitable[None]]
 
@@ -334,7 +334,7 @@ def steady_malloc(mmap_threshold: int = 128 * 1024, arenas: int = 2) -> None:
     threshold each time a large block is freed (up to 32 MB), after which audio buffers and model
     scratch come from the heaps, where buffers of ever new sizes fragment them; and it gives each
     of the many model threads an arena of its own. A fixed threshold (large blocks go back to the
-    system when freed) and two arenas held a soak's RSS steady (README, Serving). The user's own
+    system when freed) and two arenas held a soak's RSS steady (docs/serving.md, Memory). The user's own
     MALLOC_* settings win."""
     mallopt = _glibc("mallopt")
     if mallopt is None:

@@ -1,5 +1,5 @@
 """A complete duplex transport in one small file: raw PCM over TCP (s16le mono, 16 kHz, both
-ways), for an in-house media server that speaks nothing else. The README's "Adding a transport"
+ways), for an in-house media server that speaks nothing else. docs/extending.md's "A transport"
 walks through it; tests/test_example_transport.py runs a conversation over it.
 
     duplex serve --listener examples.pcm_tcp_transport:listener=9100

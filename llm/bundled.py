@@ -143,7 +143,7 @@ BUNDLED = {"smollm2-135m": smollm2_135m, "qwen2.5-0.5b": qwen25_coder_05b,
            "qwen2.5-0.5b-q4_0": qwen25_coder_05b_q4_0,
            "qwen2.5-0.5b-iq4_nl": qwen25_coder_05b_iq4_nl, "qwen2.5-1.5b": qwen25_coder_15b}
 # IQ4_NL is the default: it answers a turn sooner than the shipped Q4_K_M for a small drift
-# (`duplex bench latency --llm` re-measures it; README, "Where the time goes").
+# (`duplex bench latency --llm` re-measures it; docs/latency.md, "Where the time goes").
 DEFAULT = "qwen2.5-0.5b-iq4_nl"
 _NOTES = {DEFAULT: "default", "qwen2.5-0.5b": "the shipped Q4_K_M: a little more exact, slower",
           "qwen2.5-0.5b-q4_0": "fastest, least exact"}

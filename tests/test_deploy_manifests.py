@@ -13,7 +13,7 @@ import yaml
 
 kv = pytest.importorskip("kubernetes_validate")
 
-K8S_VERSION = "1.33.0"  # the version the manifests are documented for (README, Deploying)
+K8S_VERSION = "1.33.0"  # the version the manifests are documented for (docs/deploying.md)
 DIR = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
 
 

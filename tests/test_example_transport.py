@@ -1,4 +1,4 @@
-"""The README's "Adding a transport" example (examples/pcm_tcp_transport.py), as an integrator
+"""docs/extending.md's "A transport" example (examples/pcm_tcp_transport.py), as an integrator
 would use it: registered on duplex serve's own Server and reached over a real TCP socket. With
 the test doubles: a conversation is answered, paced at real time, counted, and a barge-in cuts
 the reply. With the default models, through `duplex serve --listener`: a spoken question gets a

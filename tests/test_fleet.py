@@ -15,7 +15,7 @@ Shown, in order, with spoken flite questions:
 4. Everything left stops cleanly (exit 0) when asked. Every wait is bounded.
 The workers' measured-load admission is off (`--load-threshold 0`): the host's CPU is shared
 with the other fleet processes, and the caps and /readyz are what is tested. The voice-to-voice
-times of step 1 are printed (a figure for the README, not a check).
+times of step 1 are printed (a figure for docs/deploying.md, not a check).
 """
 from __future__ import annotations
 
@@ -388,7 +388,7 @@ async def test_fleet_behind_haproxy_shares_fails_over_and_drains(fleet, tmp_path
     for i, c in enumerate(callers):
         assert not c.errors() and c.answered(0, words(i)), (i, c)
     await hang_up(callers, tasks)
-    print("fleet: 4 at once, voice-to-voice ms (server):",  # a figure for the README, not a check
+    print("fleet: 4 at once, voice-to-voice ms (server):",  # a figure for docs/deploying.md, not a check
           [e.get("voice_to_voice_ms") for c in callers for e in c.events if e.get("type") == "latency"])
     assert await poll(lambda: sessions_by_worker(fleet), lambda v: v == [0, 0], 20) == [0, 0]
     served_by = [metric(await w.metrics(), "duplex_sessions_total", result="served") for w in fleet.workers]
