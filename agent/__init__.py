@@ -9,17 +9,17 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "Agent": "agent.voice_agent", "load_agent": "agent.voice_agent",
-    "function_tool": "agent.tools", "FunctionTool": "agent.tools", "RunContext": "agent.tools",
-    "ToolError": "agent.tools", "ToolPolicy": "agent.tools",
-    "end_call": "agent.call_control", "MCPServerStdio": "agent.mcp_tools", "MCPServerHTTP": "agent.mcp_tools",
-    "Session": "agent.session", "SessionConfig": "agent.config", "Models": "agent.config",
-    "UserTurnFinal": "agent.session_events", "ReplyStarted": "agent.session_events",
-    "ReplyFinished": "agent.session_events", "ToolCallStarted": "agent.session_events",
-    "ToolCallFinished": "agent.session_events", "BargeIn": "agent.session_events",
-    "SessionEnded": "agent.session_events", "DtmfReceived": "agent.session_events",
-    "TurnConfig": "agent.turns", "EndOfTurnPolicy": "agent.endpointing", "CombinedPolicy": "agent.endpointing",
-    "RulesPolicy": "agent.endpointing", "SmartTurnPolicy": "agent.endpointing", "SilencePolicy": "agent.endpointing",
+    "Agent": "agent.toolkit.voice_agent", "load_agent": "agent.toolkit.voice_agent",
+    "function_tool": "agent.toolkit.tools", "FunctionTool": "agent.toolkit.tools", "RunContext": "agent.toolkit.tools",
+    "ToolError": "agent.toolkit.tools", "ToolPolicy": "agent.toolkit.tools",
+    "end_call": "agent.toolkit.call_control", "MCPServerStdio": "agent.toolkit.mcp_tools", "MCPServerHTTP": "agent.toolkit.mcp_tools",
+    "Session": "agent.conversation.session", "SessionConfig": "agent.conversation.config", "Models": "agent.conversation.config",
+    "UserTurnFinal": "agent.conversation.session_events", "ReplyStarted": "agent.conversation.session_events",
+    "ReplyFinished": "agent.conversation.session_events", "ToolCallStarted": "agent.conversation.session_events",
+    "ToolCallFinished": "agent.conversation.session_events", "BargeIn": "agent.conversation.session_events",
+    "SessionEnded": "agent.conversation.session_events", "DtmfReceived": "agent.conversation.session_events",
+    "TurnConfig": "agent.conversation.turns", "EndOfTurnPolicy": "agent.conversation.endpointing", "CombinedPolicy": "agent.conversation.endpointing",
+    "RulesPolicy": "agent.conversation.endpointing", "SmartTurnPolicy": "agent.conversation.endpointing", "SilencePolicy": "agent.conversation.endpointing",
 }
 __all__ = list(_EXPORTS)
 

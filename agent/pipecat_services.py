@@ -53,15 +53,8 @@ from pipecat.services.tts_service import TTSService
 from pipecat.turns.eager_end_of_turn_mixin import EagerEndOfTurnSTTServiceMixin
 from pipecat.utils.time import time_now_iso8601
 
-from asr.base import (
-    Flushed,
-    Partial,
-    RecognizerFailed,
-    StreamingRecognizer,
-    Utterances,
-    Word,
-    WordEvent,
-)
+from asr.base import Partial, RecognizerFailed, StreamingRecognizer, Utterances, Word
+from asr.words import HeardWords
 from llm import bundled
 from llm.base import ChatModel, Message
 from tts.base import Synthesizer, known_text
@@ -82,7 +75,7 @@ class DuplexTranscript:
 
 def _recognizer(asr: str | StreamingRecognizer, **kwargs) -> StreamingRecognizer:
     if isinstance(asr, str):
-        from agent.models import ModelChoice, recognizer_options
+        from agent.conversation.models import ModelChoice, recognizer_options
         from asr import load_recognizer
 
         options = recognizer_options(ModelChoice(asr=asr)) | kwargs
@@ -117,11 +110,7 @@ class DuplexSTTService(EagerEndOfTurnSTTServiceMixin, STTService):
         self._utterances: Utterances | None = None
         self._resampler = None
         self._t_audio = 0.0  # stream time: seconds of audio fed
-        self._words: list[Word] = []
-        self._flushes_seen = 0
-        self._flush_seen = asyncio.Event()
-        self._flush_lock = asyncio.Lock()
-        self._flushes_sent = 0
+        self._words = HeardWords()
         self._events_task: asyncio.Task | None = None
         self._final_task: asyncio.Task | None = None
         self._eager_task: asyncio.Task | None = None
@@ -285,22 +274,13 @@ class DuplexSTTService(EagerEndOfTurnSTTServiceMixin, STTService):
         self.request_finalize()
         await self.start_processing_metrics()
         try:
-            async with self._flush_lock:
-                self._flushes_sent += 1
-                target = self._flushes_sent
-                await self._stream.flush(until)
-                while self._flushes_seen < target:
-                    self._flush_seen.clear()
-                    await self._flush_seen.wait()
+            await self._words.flush(self._stream, until)
         except (RecognizerFailed, RuntimeError) as e:
             await self.stop_processing_metrics()
             await self.push_error(f"{self}: final transcript failed: {e}", exception=e)
             return
         await self.stop_processing_metrics()
-        # a word that began before `until` belongs to this utterance
-        words = tuple(w for w in self._words if w.start < until)
-        self._words = [w for w in self._words if w.start >= until]
-        text = " ".join(w.text for w in words).strip()
+        text, words = self._words.take(until)
         self._last_partial = None
         logger.debug(f"{self}: final transcript up to {until:.2f} s: [{text}]")
         if not any(ch.isalnum() for ch in text):
@@ -322,12 +302,9 @@ class DuplexSTTService(EagerEndOfTurnSTTServiceMixin, STTService):
     async def _read_events(self) -> None:
         try:
             async for ev in self._stream.events():
-                if isinstance(ev, WordEvent):
-                    self._words.append(ev.word)
-                elif isinstance(ev, Flushed):
-                    self._flushes_seen += 1
-                    self._flush_seen.set()
-                elif isinstance(ev, Partial) and ev.text.strip():
+                if self._words.on_event(ev):
+                    continue
+                if isinstance(ev, Partial) and ev.text.strip():
                     self._last_partial = ev
                     await self.push_frame(InterimTranscriptionFrame(ev.text, self._user_id, time_now_iso8601(),
                                                                     result=ev))

@@ -209,7 +209,7 @@ def duplex_asr_serve(*args: str, timeout: float = 120.0):
     """`duplex asr-serve --port 0 *args` in a subprocess; yields its ws:// URL once it serves."""
     import re
 
-    cmd = [sys.executable, "-m", "agent.cli", "asr-serve", "--port", "0", *args]
+    cmd = [sys.executable, "-m", "agent.serving.cli", "asr-serve", "--port", "0", *args]
     proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -235,7 +235,7 @@ def duplex_serve_process(*args: str):
     """`duplex serve --port PORT *args` in a subprocess, up and answering HTTP; yields (PORT,
     the process) and prints the end of its output when it stops (SIGTERM, if still running)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "agent.serving.cli", "serve", "--port", str(port), *args]
     proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:

@@ -22,7 +22,7 @@ def test_the_example_agent_answers_with_its_tools_result(tmp_path):
     # seconds on a busy 2-core machine); this test is about what the model does, not how fast
     sf.write(tmp_path / "q.wav", np.concatenate([silence(4.0), q, silence(0.5)]), 16000, subtype="PCM_16")
     out, log = tmp_path / "reply.wav", tmp_path / "turns.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--agent", f"{EXAMPLE}:agent",
+    proc = subprocess.run([sys.executable, "-m", "agent.serving.cli", "run", "--agent", f"{EXAMPLE}:agent",
                            "--input", str(tmp_path / "q.wav"), "--output", str(out), "--log", str(log),
                            "--reply-timeout", "120"],
                           capture_output=True, text=True, timeout=400)

@@ -65,7 +65,7 @@ class Replica:
     def __init__(self, address: str, port: int, *args: str):
         self.address, self.port = address, port
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"asr-{address}-", suffix=".log", delete=False)  # noqa: SIM115
-        cmd = [sys.executable, "-m", "agent.cli", "asr-serve", "--host", address, "--port", str(port),
+        cmd = [sys.executable, "-m", "agent.serving.cli", "asr-serve", "--host", address, "--port", str(port),
                "--slots", "1", "--drain-timeout", "2", *args]
         self.proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=self.log,
                                      stderr=subprocess.STDOUT, text=True)

@@ -141,7 +141,7 @@ async def test_readyz_healthz_and_metrics_follow_the_slots(tmp_path):
 
 def start_asr_serve(*args: str) -> tuple[subprocess.Popen, str, object]:
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115 (closed by the caller)
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "asr-serve", "--port", "0", "--model", "tiny-random",
+    proc = subprocess.Popen([sys.executable, "-m", "agent.serving.cli", "asr-serve", "--port", "0", "--model", "tiny-random",
                              "--no-tune-convs", *args], env=dict(os.environ, PYTHONUNBUFFERED="1"),
                             stdout=log, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120

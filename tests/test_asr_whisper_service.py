@@ -224,7 +224,7 @@ async def test_asr_serve_with_no_model_gives_words():
     """What a newcomer runs: `duplex asr-serve` with no --model, as a process; a clip streamed to it
     comes back as its words (the embedded Whisper), not the random engine's noise."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent.cli", "asr-serve", "--port", "0", "--slots", "1",
+        sys.executable, "-m", "agent.serving.cli", "asr-serve", "--port", "0", "--slots", "1",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
         async with asyncio.timeout(120):  # until it prints its bound address

@@ -14,10 +14,10 @@ from doubles import EnergyVAD, ScriptedLLM, ScriptedRecognizer, ToneVoice, burst
 from helpers import await_until, is_word_prefix
 from test_turns import B, Driver, F, I, P, T, U
 
-from agent.endpointing import SilencePolicy
-from agent.session import Models, Session, SessionConfig
-from agent.trace import Ev, Tracer
-from agent.turns import (
+from agent.conversation.endpointing import SilencePolicy
+from agent.conversation.session import Models, Session, SessionConfig
+from agent.tracing.trace import Ev, Tracer
+from agent.conversation.turns import (
     CancelReply,
     DiscardTranscript,
     PauseReply,

@@ -4,9 +4,9 @@ import json
 import numpy as np
 import pytest
 
-from agent.bench_latency import ScriptLine, main, match_turns, speech_end_offset
-from agent.records import TurnRecord
-from agent.stages import STAGE_KEYS
+from agent.bench.latency import ScriptLine, main, match_turns, speech_end_offset
+from agent.conversation.records import TurnRecord
+from agent.tracing.stages import STAGE_KEYS
 from helpers import DEV, flite_available
 
 

@@ -1,4 +1,4 @@
-"""`duplex bench load` and `soak` (agent.bench_load) against an in-process server wired as
+"""`duplex bench load` and `soak` (agent.bench.load) against an in-process server wired as
 `duplex serve` wires it (test_serving.serving), with the test doubles for models: three
 conversations against a cap of two are counted admitted 2, refused 1 (503 with its reason),
 dropped 0, with both voice-to-voice figures, lag and RSS from /metrics, and a conversation served
@@ -11,7 +11,7 @@ import numpy as np
 from doubles import burst
 from test_serving import serving
 
-from agent.bench_load import (
+from agent.bench.load import (
     make_question,
     one_conversation,
     print_load,

@@ -1,5 +1,5 @@
 """`duplex bench quality`'s measures: when a reply echoes the user, and when a key word is heard."""
-from agent.bench_quality import SPOKEN, VOICES, content_words, echoes, key_heard
+from agent.bench.quality import SPOKEN, VOICES, content_words, echoes, key_heard
 
 
 def test_a_reply_that_says_the_users_words_back_echoes():

@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from agent import bench_turns as bt
-from agent.endpointing import CombinedPolicy, RulesPolicy
-from agent.turns import TurnConfig
+from agent.bench import turns as bt
+from agent.conversation.endpointing import CombinedPolicy, RulesPolicy
+from agent.conversation.turns import TurnConfig
 from tests.helpers import flite_available
 
 F = bt.FRAME_S

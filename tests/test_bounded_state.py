@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from agent.records import TurnLog, TurnRecord
+from agent.conversation.records import TurnLog, TurnRecord
 from asr.ring import AudioRing
-from agent.turns import TurnMachine
+from agent.conversation.turns import TurnMachine
 
 
 def test_audio_ring_keeps_only_the_last_samples():

@@ -203,7 +203,7 @@ def test_browser_conversation(transport, conversation_wav, trace_dir, recognizer
 
     # the server's trace of that session holds the page's playout marks (on the server clock,
     # from the ping/pong offset) and the page's mouth-to-ear figures
-    from agent.trace_export import load_events
+    from agent.tracing.export import load_events
 
     wait_until(lambda: list(trace_dir.glob("*.trace.json")), 20, every=0.2)
     traces = list(trace_dir.glob("*.trace.json"))

@@ -344,7 +344,7 @@ def self_interruptions(run: dict) -> dict:
 
 def trace_events(trace_dir: Path) -> tuple[list, float]:
     """The session's trace events, and the offset of their clock from wall time (s)."""
-    from agent.trace_export import load_events, read_meta
+    from agent.tracing.export import load_events, read_meta
 
     traces = sorted(trace_dir.glob("*.trace.json"))
     assert traces, f"no session trace in {trace_dir}"
@@ -451,7 +451,7 @@ def test_the_webrtc_page_tells_its_story_over_its_own_echo(cases):
            and e.name in ("barge_in", "reply_paused", "interrupted", "resume", "echo")]
     # never cut by its own voice. A burst the canceller lets through (it does when the capture
     # glitches on a busy machine) may pause it for a moment: then the words are its own
-    # (agent/echo.py) and it resumes from the sample it paused at; the pauses are reported
+    # (agent/conversation/echo.py) and it resumes from the sample it paused at; the pauses are reported
     assert not (run["self"]["cuts"] or "interrupted" in own), \
         f"the bot cut itself for its own echo: {run['self']}, trace {own}, levels {lv}, chromium {run['chromium']}"
     print(f"WebRTC, echo cancellation on: {run['self']['pauses']} pause(s) for its own echo, trace {own}")
@@ -473,7 +473,7 @@ def test_the_websocket_page_without_echo_cancellation_hears_itself(cases):
 
 
 def test_speaking_over_the_story_stops_the_webrtc_page_and_keeps_what_was_heard(cases):
-    from agent.trace import CUT_BY_WORDS
+    from agent.tracing.trace import CUT_BY_WORDS
 
     run = cases("webrtc", True)
     log, events = run["log"], run["events"]

@@ -2,7 +2,7 @@ import argparse
 
 import pytest
 
-from agent.cli import positive_int
+from agent.serving.cli import positive_int
 from tts.chunking import TextChunker
 
 

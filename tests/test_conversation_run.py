@@ -25,7 +25,7 @@ def _converse(d, *extra: str, inputs: dict | None = None, at: tuple[str, float] 
         x = say(text, d / f"{name}.raw.wav")
         sf.write(d / f"{name}.wav", np.concatenate([silence(0.4), x, silence(0.2)]), 16000, subtype="PCM_16")
     out = d / "bot.wav"
-    cmd = [sys.executable, "-m", "agent.cli", "run",
+    cmd = [sys.executable, "-m", "agent.serving.cli", "run",
            *[a for name in inputs for a in ("--input", f"{d / name}.wav@+{at[1]:g}" if name == at[0]
                                              else str(d / f"{name}.wav"))],
            "--output", str(out), "--log", str(d / "log.jsonl"), "--trace", str(d / "run.trace.json"),
@@ -68,7 +68,7 @@ def rules_conversation(tmp_path_factory):
 
 
 def test_barge_in_cancels_llm_within_one_token_and_flushes_audio(conversation):
-    from agent.trace_export import load_events
+    from agent.tracing.export import load_events
 
     d, turns, summary, far = conversation
     assert turns[0]["interrupted"], "speaking over the story did not interrupt it"
@@ -113,8 +113,8 @@ def test_a_speculative_reply_is_committed(rules_conversation):
 
 def test_the_turn_model_runs_before_the_early_decode_not_beside_it(rules_conversation):
     """At the first silent frame the session asks smart-turn and only then decodes: beside the
-    decode or the LLM's prompt it would take the cores they need (see agent/session.py)."""
-    from agent.trace_export import load_events
+    decode or the LLM's prompt it would take the cores they need (see agent/conversation/session.py)."""
+    from agent.tracing.export import load_events
 
     d, turns, summary, far = rules_conversation
     events = load_events(str(d / "run.trace.json"))
@@ -134,8 +134,8 @@ def test_the_default_policy_asks_the_text_model_after_the_early_decode(conversat
     """"combined": the decode first, then the text model on its transcript, alone (beside the
     decode it would be slower, and the turn's end waits for it); smart-turn after that, only
     when its verdict could still move the wait. Every turn is answered."""
-    from agent.trace import Ev, Stage
-    from agent.trace_export import load_events
+    from agent.tracing.trace import Ev, Stage
+    from agent.tracing.export import load_events
 
     d, turns, summary, far = conversation
     events = load_events(str(d / "run.trace.json"))
@@ -152,8 +152,8 @@ def test_a_backchannel_over_the_story_pauses_it_and_it_plays_on_whole(backchanne
     """Real audio and models: flite's "Mm-hmm." over the story pauses it at its first frames;
     the recognizer's words for it are no interruption, so the story resumes from the sample it
     paused at, is heard whole, and the backchannel is no turn: the next question is answered."""
-    from agent.trace import Ev, Stage
-    from agent.trace_export import load_events
+    from agent.tracing.trace import Ev, Stage
+    from agent.tracing.export import load_events
 
     d, turns, summary, far = backchannel_conversation
     events = load_events(str(d / "run.trace.json"))

@@ -85,4 +85,4 @@ def test_autoscalers_use_metrics_the_servers_export():
     assert "duplex_asr_slots_free" in series and "duplex_asr_slots_free " in asr_names
     assert "duplex_asr_slots " in asr_names
     assert "duplex_sessions_active" in series
-    assert "duplex_sessions_active" in (Path(__file__).resolve().parent.parent / "agent" / "metrics.py").read_text()
+    assert "duplex_sessions_active" in (Path(__file__).resolve().parent.parent / "agent" / "serving" / "metrics.py").read_text()

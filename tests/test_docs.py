@@ -7,7 +7,7 @@ What is checked, in README.md and docs/*.md:
 - every relative link points to a file that exists (and, for a `#anchor` into a Markdown file, to
   one of its headings);
 - every command line in a fenced code block (a line continued with a backslash is one line):
-  `duplex ...` (also `.venv/bin/duplex`, after `VAR=value` prefixes) is parsed by `agent.cli.main`
+  `duplex ...` (also `.venv/bin/duplex`, after `VAR=value` prefixes) is parsed by `agent.serving.cli.main`
   with the commands themselves replaced by recorders; a sub-command `main` hands to another
   module (asr-serve, asr-bench, trace report, bench ...) is parsed by that module's own parser.
   `make ...` names targets (and `VAR=value` variables) of the Makefile; `python -m MODULE` and
@@ -238,7 +238,7 @@ def _parse_delegated(module: str, argv: list[str], monkeypatch) -> None:
 
 
 def check_duplex(args: list[str], monkeypatch, capsys) -> None:
-    import agent.cli as cli
+    import agent.serving.cli as cli
 
     ran = []
     for name in ("cmd_serve", "cmd_run", "cmd_talk"):

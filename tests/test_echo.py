@@ -1,5 +1,5 @@
-"""Telling the bot's own voice, heard back, from the user's words (agent/echo.py)."""
-from agent.echo import is_echo
+"""Telling the bot's own voice, heard back, from the user's words (agent/conversation/echo.py)."""
+from agent.conversation.echo import is_echo
 
 STORY = ("Once upon a time there was a small fox who lived in a quiet wood, and every morning "
          "the fox went down to the river to drink")

@@ -1,4 +1,4 @@
-"""end_call over a phone line: `duplex serve`'s own Server (agent.serving) with the test doubles
+"""end_call over a phone line: `duplex serve`'s own Server (agent.serving.server) with the test doubles
 for models and an agent whose scripted LLM calls end_call when the caller says goodbye. The test
 plays Twilio (tests/test_telephony_e2e.py's FakeProvider: real time, marks echoed as playback
 reaches them), here one whose playback starts a second late (a carrier's jitter buffer): the
@@ -17,11 +17,11 @@ import pytest
 import websockets
 
 from agent import Agent, ToolPolicy
-from agent.endpointing import SilencePolicy
-from agent.call_control import end_call
-from agent.load import LoadPolicy
-from agent.serving import ServeConfig, Server
-from agent.session import Models, SessionConfig
+from agent.conversation.endpointing import SilencePolicy
+from agent.toolkit.call_control import end_call
+from agent.serving.load import LoadPolicy
+from agent.serving.server import ServeConfig, Server
+from agent.conversation.session import Models, SessionConfig
 from doubles import EnergyVAD, ScriptedRecognizer, ToneVoice, ToolScriptLLM, burst, said
 from helpers import free_port
 from llm.base import ToolCall

@@ -1,4 +1,4 @@
-"""agent.eou.SmartTurn: the same probability as pipecat's own analyzer, and sensible verdicts."""
+"""agent.conversation.eou.SmartTurn: the same probability as pipecat's own analyzer, and sensible verdicts."""
 import asyncio
 import time
 
@@ -20,7 +20,7 @@ def as_int16(x: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def model():
-    from agent.eou import SmartTurn
+    from agent.conversation.eou import SmartTurn
 
     return SmartTurn()
 
@@ -82,7 +82,7 @@ def test_complete_sentence_scores_high_and_cut_lower(model, clips):
 
 
 def test_as_of_pause_appends_only_the_silence_not_heard_yet():
-    from agent.eou import as_of_pause
+    from agent.conversation.eou import as_of_pause
 
     x = np.ones(1600, dtype=np.float32)
     out = as_of_pause(x, heard_silence_s=0.05, pause_s=0.2)
@@ -94,7 +94,7 @@ def test_as_of_pause_appends_only_the_silence_not_heard_yet():
 def test_a_question_asked_about_at_the_first_silent_frame_is_complete(model, tmp_path):
     """The session asks smart-turn ~30 ms into the silence, about the audio as of the pause.
     Asked about the bare 30 ms, the model calls this complete question incomplete."""
-    from agent.eou import as_of_pause
+    from agent.conversation.eou import as_of_pause
 
     x = say(COMPLETE, tmp_path / "q.wav")
     x = x[:np.nonzero(np.abs(x) > 0.01)[0][-1] + 1]  # ends where the voice does
@@ -107,7 +107,7 @@ def test_a_question_asked_about_at_the_first_silent_frame_is_complete(model, tmp
 def test_the_text_turn_model_read_ahead_on_a_partial_gives_the_same_verdict():
     """`TextTurnScorer.warm` on the words so far leaves the check at the pause to read only the
     words after them; its verdict is the one it gives from scratch."""
-    from agent.eou import TextTurnScorer
+    from agent.conversation.eou import TextTurnScorer
 
     scorer = TextTurnScorer.load()
     llm, read = scorer._llm, []
@@ -131,7 +131,7 @@ def test_the_text_turn_model_read_ahead_on_a_partial_gives_the_same_verdict():
 def test_a_stopped_text_read_ahead_leaves_the_verdict_as_from_scratch():
     """The listener stops the text turn model's read-ahead when the user stops speaking: the
     decode aborts at once, and the check at the pause gives the verdict it gives from scratch."""
-    from agent.eou import TextTurnScorer
+    from agent.conversation.eou import TextTurnScorer
     from llm.base import ReadAheadStop
 
     scorer = TextTurnScorer.load()

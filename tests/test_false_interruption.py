@@ -21,9 +21,9 @@ def rumble(seconds: float) -> np.ndarray:
 
 
 def test_noise_interrupts_then_the_bot_resumes(tmp_path):
-    from agent.models import load_models
-    from agent.session import Session, SessionConfig
-    from agent.trace import Ev, Stage, Tracer
+    from agent.conversation.models import load_models
+    from agent.conversation.session import Session, SessionConfig
+    from agent.tracing.trace import Ev, Stage, Tracer
     from transport.wavfile import ScriptedTurn, WavConversationTransport
 
     story = np.concatenate([silence(0.4), say("Please tell me a long story about a brave little dragon.",

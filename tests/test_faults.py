@@ -29,10 +29,10 @@ import pytest
 from doubles import EnergyVAD, ScriptedLLM, ScriptedRecognizer, ToneVoice, burst
 from helpers import await_until, flite_available, free_port
 
-from agent.endpointing import SilencePolicy
-from agent.reply import LLM_APOLOGY, TTS_SKIP
-from agent.session import Models, Session, SessionConfig
-from agent.trace import Ev, Stage, Tracer
+from agent.conversation.endpointing import SilencePolicy
+from agent.conversation.reply import LLM_APOLOGY, TTS_SKIP
+from agent.conversation.session import Models, Session, SessionConfig
+from agent.tracing.trace import Ev, Stage, Tracer
 from llm.openai_compat import OpenAICompatChat
 from transport.events import StateChanged
 from transport.wavfile import ScriptedTurn, WavConversationTransport

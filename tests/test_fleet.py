@@ -97,7 +97,7 @@ class Proc:
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115 (closed in kill)
         # four model processes share the host's cores: OpenMP workers that spin between
-        # operations (agent/models.py's default for one server alone) would take them from each other
+        # operations (agent/conversation/models.py's default for one server alone) would take them from each other
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_WAIT_POLICY="PASSIVE")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self._log,
                                      stderr=subprocess.STDOUT, text=True)
@@ -170,7 +170,7 @@ class Fleet:
         self.port = self.stats_port = 0
 
     def start(self) -> None:
-        py = [sys.executable, "-m", "agent.cli"]
+        py = [sys.executable, "-m", "agent.serving.cli"]
         for i in range(2):
             port = free_port()
             self.replicas.append(Proc(f"asr{i}", [*py, "asr-serve", "--host", "127.0.0.1", "--port", str(port),

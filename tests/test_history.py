@@ -1,5 +1,5 @@
 """The history, pure: what was heard of a reply, and the context."""
-from agent.history import Heard, History
+from agent.conversation.history import Heard, History
 
 
 def story() -> Heard:

@@ -21,3 +21,102 @@ def test_models_do_not_import_transports():
     for f in (ROOT / "transport").rglob("*.py"):
         text = f.read_text()
         assert "from agent" not in text and "import agent" not in text, f
+
+
+# ---- the import graph (docs/architecture.md, "Packages, and what each may import") ---------------
+PACKAGES = ("agent", "asr", "llm", "tts", "transport")
+# agent/'s rooms, each with the rooms it may import; a room is below every room that imports it
+AGENT_ROOMS = {
+    "agent.workers": set(),
+    "agent.tracing": set(),
+    "agent.toolkit": {"agent.workers"},
+    "agent.conversation": {"agent.toolkit", "agent.tracing", "agent.workers"},
+    "agent.pipecat_services": {"agent.conversation", "agent.workers"},
+    "agent.serving": {"agent.conversation", "agent.toolkit", "agent.tracing", "agent.workers"},
+    "agent.bench": {"agent.conversation", "agent.toolkit", "agent.tracing", "agent.workers", "agent.serving",
+                    "agent.pipecat_services"},
+}
+# the top-level packages each may import besides itself (the models and the transports: only themselves)
+MAY_IMPORT = {"agent": {"asr", "llm", "tts", "transport"}, "asr": set(), "llm": set(), "tts": set(),
+              "transport": set()}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for f in (ROOT / pkg).rglob("*.py"):
+            name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = f
+    return out
+
+
+def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Each module's imports of the project's modules (function-level imports included)."""
+    import ast
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name and not name.startswith(target + "."):
+                    found.add(target)
+        graph[name] = found
+    return graph
+
+
+def _room(module: str) -> str:
+    if module.split(".")[0] != "agent":
+        return module.split(".")[0]
+    return ".".join(module.split(".")[:2])
+
+
+def test_each_package_and_room_imports_only_what_it_may():
+    graph = _imports(_modules())
+    wrong = []
+    for module, targets in graph.items():
+        room = _room(module)
+        for target in targets:
+            there = _room(target)
+            if there == room or (module == "agent" and target.startswith("agent.")):
+                continue  # agent/__init__ names the public API (loaded lazily)
+            top, top_there = room.split(".")[0], there.split(".")[0]
+            if top != top_there:
+                ok = top_there in MAY_IMPORT[top]
+            else:
+                ok = there in AGENT_ROOMS.get(room, set())
+            if not ok:
+                wrong.append(f"{module} imports {target}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_nothing_of_the_product_imports_a_benchmark():
+    graph = _imports(_modules())
+    assert not [m for m, ts in graph.items() if not m.startswith("agent.bench") and m != "agent"
+                and any(t.startswith("agent.bench") for t in ts)]
+
+
+def test_no_module_imports_in_a_circle():
+    graph = _imports(_modules())
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                return path + [module, target]
+            if target not in state and (circle := visit(target, path + [module])):
+                return circle
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (circle := visit(module, [])):
+            raise AssertionError(" -> ".join(circle))

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent import listener as L
-from agent.trace import NullTracer
-from agent.endpointing import CombinedPolicy, SilencePolicy
-from agent.turns import TurnConfig
+from agent.conversation import listener as L
+from agent.tracing.trace import NullTracer
+from agent.conversation.endpointing import CombinedPolicy, SilencePolicy
+from agent.conversation.turns import TurnConfig
 from doubles import EnergyVAD, ScriptedRecognizer, burst
 from transport.base import AudioIn
 

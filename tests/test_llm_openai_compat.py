@@ -78,7 +78,7 @@ def test_duplex_run_answers_through_the_server_and_survives_it_gone(server_url, 
 
     def run(llm_url: str, name: str) -> tuple[int, list[dict], list[dict]]:
         far = tmp_path / f"{name}.far.jsonl"
-        cmd = [sys.executable, "-m", "agent.cli", "run", "--input", str(wav), "--input", str(wav),
+        cmd = [sys.executable, "-m", "agent.serving.cli", "run", "--input", str(wav), "--input", str(wav),
                "--output", str(tmp_path / f"{name}.wav"), "--far-end-log", str(far), "--llm", llm_url,
                "--tts", "flite", "--max-tokens", "24", "--reply-timeout", "6"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

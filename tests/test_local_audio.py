@@ -75,7 +75,7 @@ def conversation(sound_server, tmp_path_factory):
                                  "--format=s16le", "--raw", "--latency-msec=20"], env=env,
                                 stdout=open(recording, "wb"))
     trace = d / "talk.trace.json"
-    talk = subprocess.Popen([sys.executable, "-m", "agent.cli", "talk", "--input-device", "pulse",
+    talk = subprocess.Popen([sys.executable, "-m", "agent.serving.cli", "talk", "--input-device", "pulse",
                              "--output-device", "pulse", "--seconds", str(caller.size / RATE + 3),
                              "--trace", str(trace), "--max-tokens", "300", "--system-prompt", STORYTELLER],
                             env=dict(env, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
@@ -100,7 +100,7 @@ def conversation(sound_server, tmp_path_factory):
     out = "".join(lines)
     print(out[-3000:])
     assert talk.returncode == 0, out[-3000:]
-    from agent.trace_export import load_events
+    from agent.tracing.export import load_events
 
     return np.fromfile(recording, "<i2"), load_events(str(trace)), out
 

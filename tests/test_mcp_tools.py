@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from agent import Agent, ToolPolicy
-from agent.mcp_tools import MCPServerHTTP, MCPServerStdio
+from agent.toolkit.mcp_tools import MCPServerHTTP, MCPServerStdio
 from helpers import free_port, wait_until
 from llm.base import ToolCall
 from test_tools_session import Script, converse, spoken, tool_messages, turn

@@ -21,7 +21,7 @@ from test_tools_session import converse as converse_with_tools
 PRODUCT = ("agent.", "transport.", "asr.", "llm.", "tts.")
 # the test's own far end and tracer, which the test keeps until it returns
 TEST_SIDE = {"transport.wavfile.WavConversationTransport", "transport.wavfile.ScriptedTurn",
-             "transport.audio.Int16RateAdapter", "agent.trace.Tracer"}
+             "transport.audio.Int16RateAdapter", "agent.tracing.trace.Tracer"}
 
 
 def census() -> collections.Counter:

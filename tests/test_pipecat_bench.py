@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from helpers import flite_available
 
-from agent.bench_pipecat import (
+from agent.bench.pipecat_peer import (
     LEAD_S,
     RATE,
     Result,

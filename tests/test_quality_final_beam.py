@@ -43,8 +43,8 @@ def test_without_a_final_beam_the_final_takes_the_partials_beam():
 def test_the_asr_beam_flag_sets_the_final_beam_only():
     import argparse
 
-    from agent.cli import _model_args
-    from agent.models import ModelChoice, recognizer_options
+    from agent.serving.cli import _model_args
+    from agent.conversation.models import ModelChoice, recognizer_options
 
     parser = argparse.ArgumentParser()
     _model_args(parser)

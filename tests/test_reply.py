@@ -7,10 +7,10 @@ import time
 
 import numpy as np
 
-from agent.records import TurnRecord
-from agent.pipeline import pipeline_named
-from agent.reply import Playout, Reply, ReplyConfig
-from agent.trace import Ev, Stage, Tracer
+from agent.conversation.records import TurnRecord
+from agent.conversation.pipeline import pipeline_named
+from agent.conversation.reply import Playout, Reply, ReplyConfig
+from agent.tracing.trace import Ev, Stage, Tracer
 from tts.base import AudioChunk
 from doubles import ScriptedLLM, ToneVoice
 from helpers import await_until

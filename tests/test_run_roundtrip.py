@@ -22,7 +22,7 @@ def test_duplex_run_reply_wav_matches_logged_text(tmp_path):
         sf.write(tmp_path / f"{name}.wav", np.concatenate([silence(0.5), q, silence(0.3)]), 16000, subtype="PCM_16")
     out, log, trace = tmp_path / "reply.wav", tmp_path / "turns.jsonl", tmp_path / "run.trace.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "run", "--input", str(tmp_path / "q1.wav"),
+        [sys.executable, "-m", "agent.serving.cli", "run", "--input", str(tmp_path / "q1.wav"),
          "--input", str(tmp_path / "q2.wav"), "--input", str(tmp_path / "q3.wav"), "--output", str(out), "--log", str(log), "--llm", "smollm2-135m",
          "--trace", str(trace)],
         capture_output=True, text=True, timeout=300)
@@ -60,7 +60,7 @@ def test_duplex_run_reply_wav_matches_logged_text(tmp_path):
 def check_trace(trace, turns, tmp_path):
     """The traced run: a valid Perfetto file with every stage, in causal order, for every turn;
     the report's stages sum to its total; a waterfall PNG per turn."""
-    from agent.trace_export import load_events, validate_perfetto
+    from agent.tracing.export import load_events, validate_perfetto
 
     doc = json.loads(trace.read_text())
     assert validate_perfetto(doc) == []
@@ -90,7 +90,7 @@ def check_trace(trace, turns, tmp_path):
     assert any(e.stage == "memory" for e in events), "no memory counter track"
 
     png_dir = tmp_path / "png"
-    rep = subprocess.run([sys.executable, "-m", "agent.cli", "trace", "report", str(trace), "--png-dir", str(png_dir),
+    rep = subprocess.run([sys.executable, "-m", "agent.serving.cli", "trace", "report", str(trace), "--png-dir", str(png_dir),
                           "--json"], capture_output=True, text=True, timeout=120)
     assert rep.returncode == 0, rep.stderr
     table = json.loads(rep.stdout)
@@ -117,7 +117,7 @@ def test_duplex_run_on_a_remote_recognizer_answers_the_question(tmp_path):
     out, log = tmp_path / "r.wav", tmp_path / "turns.jsonl"
     with duplex_asr_serve() as url:
         proc = subprocess.run(
-            [sys.executable, "-m", "agent.cli", "run", "--asr", url, "--input", str(tmp_path / "q.wav"),
+            [sys.executable, "-m", "agent.serving.cli", "run", "--asr", url, "--input", str(tmp_path / "q.wav"),
              "--output", str(out), "--log", str(log)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (turn,) = [r for r in map(json.loads, log.read_text().splitlines()) if "turn" in r]

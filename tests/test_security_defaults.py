@@ -13,7 +13,7 @@ import yaml
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from agent import cli
+from agent.serving import cli
 from helpers import await_until, free_port
 from test_serving import serving
 from transport.telephony.audiosocket import UUID, encode_frame
@@ -128,7 +128,7 @@ async def test_audiosocket_refuses_a_source_outside_its_allowlist():
 
 
 def test_serve_prints_every_routes_guard_at_start(monkeypatch, capsys):
-    from agent import serving
+    from agent.serving import server as serving
     from test_serving import doubles
 
     async def served(self):

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import logging
 
-from agent.public_errors import public
+from agent.serving.public_errors import public
 from doubles import ScriptedLLM
 from helpers import page_conversation
 from test_serving import RATE, doubles, question, serving

@@ -11,7 +11,7 @@ import json
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from agent.holding import Holding, HoldingPolicy
+from agent.serving.holding import Holding, HoldingPolicy
 from helpers import await_until
 from test_serving import RATE, get, serving
 from transport.limits import SourceLimits, SourcePolicy

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from agent.serving import ServeConfig
+from agent.serving.server import ServeConfig
 from test_serving import get, serving
 from transport.limits import SourcePolicy
 from transport.webrtc.ice_servers import IceServers

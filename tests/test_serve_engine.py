@@ -12,11 +12,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from agent.endpointing import SilencePolicy
-from agent.config import Models
-from agent.listener import Listener, TurnEnded, UserTranscript
-from agent.session import Session, SessionConfig
-from agent.trace import NullTracer
+from agent.conversation.endpointing import SilencePolicy
+from agent.conversation.config import Models
+from agent.conversation.listener import Listener, TurnEnded, UserTranscript
+from agent.conversation.session import Session, SessionConfig
+from agent.tracing.trace import NullTracer
 from asr.engine_recognizer import EngineRecognizer
 from asr.kyutai import save_tiny
 from doubles import EnergyVAD, ScriptedLLM, ToneVoice, burst

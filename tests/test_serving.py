@@ -1,4 +1,4 @@
-"""Serving over real loopback sockets, wired as `duplex serve` wires it (agent.metrics,
+"""Serving over real loopback sockets, wired as `duplex serve` wires it (agent.serving.metrics,
 transport.admission, transport.web.access), with the test doubles for models: /healthz,
 /readyz with the --max-sessions cap, /metrics read with prometheus-client's own parser after a
 real conversation, a lost connection logged as failed, --auth-token and the Origin check."""
@@ -19,12 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
 
-from agent.endpointing import SilencePolicy
-from agent.config import Models
-from agent.load import LoadMonitor, LoadPolicy
-from agent.metrics import ServerMetrics
-from agent.serving import ServeConfig, Server
-from agent.session import SessionConfig
+from agent.conversation.endpointing import SilencePolicy
+from agent.conversation.config import Models
+from agent.serving.load import LoadMonitor, LoadPolicy
+from agent.serving.metrics import ServerMetrics
+from agent.serving.server import ServeConfig, Server
+from agent.conversation.session import SessionConfig
 from doubles import EnergyVAD, ScriptedLLM, ScriptedRecognizer, ToneVoice, burst
 from helpers import await_until, free_port, page_conversation
 from media_stream_peers import peer
@@ -61,7 +61,7 @@ def doubles(reply: str = "It is noon.") -> Models:
 async def serving(max_sessions: int = 16, token: str | None = None, origins: list[str] | None = None,
                   monitor: LoadMonitor | None = None, models: Models | None = None,
                   session: dict | None = None, **config):
-    """`duplex serve`'s own Server (agent.serving) on the test doubles for models (or `models`),
+    """`duplex serve`'s own Server (agent.serving.server) on the test doubles for models (or `models`),
     `session` overriding SessionConfig fields. The measured load is off unless a test gives a
     monitor: the test machine's CPU is not the server's."""
     cfg = SessionConfig(speculate=False, **(session or {}))
@@ -210,7 +210,7 @@ async def test_a_foreign_origin_is_refused():
 
 
 async def test_free_recognizer_slots_follow_the_in_process_engine():
-    from agent.cli import _engine_of
+    from agent.serving.cli import _engine_of
     from asr.engine_recognizer import EngineRecognizer
 
     engine = EngineRecognizer.load(slots=2)  # tiny random weights: the slots, not the words, matter
@@ -311,7 +311,7 @@ def test_load_monitor_refuses_on_cpu_reservations_llm_queue_and_lag():
 
 
 async def test_beyond_the_measured_load_a_page_gets_503_and_a_phone_hears_all_lines_are_busy():
-    from agent.serving import BUSY
+    from agent.serving.server import BUSY
 
     monitor = SetLoad(LoadPolicy(cpu_threshold=0.8, window_s=0.5, settle_s=0.5))
     monitor.level = 0.95
@@ -334,7 +334,7 @@ async def test_beyond_the_measured_load_a_page_gets_503_and_a_phone_hears_all_li
 
 
 async def test_a_refused_audiosocket_call_hears_the_busy_message_then_is_hung_up():
-    from agent.serving import BUSY
+    from agent.serving.server import BUSY
     from transport.telephony.audiosocket import HANGUP, UUID, FrameParser, encode_frame
 
     asp = free_port()
@@ -380,7 +380,7 @@ async def test_drain_lets_a_live_conversation_finish_and_refuses_new_ones():
 
 
 async def test_a_call_still_live_at_the_drain_timeout_hears_goodbye():
-    from agent.serving import GOODBYE
+    from agent.serving.server import GOODBYE
 
     async with serving(drain_timeout_s=0.5) as s:
         call = asyncio.create_task(phone_call(s.url("/twilio")))
@@ -418,7 +418,7 @@ async def test_tls_serves_https_and_wss(tmp_path):
 
 
 async def test_the_llm_queue_counts_replies_waiting_for_their_first_token():
-    from agent.load import QueuedLLM
+    from agent.serving.load import QueuedLLM
 
     llm = QueuedLLM(ScriptedLLM("one two three", token_s=0.05))
     user = [{"role": "user", "content": "count"}]

@@ -7,9 +7,9 @@ import asyncio
 
 import numpy as np
 
-from agent.endpointing import SilencePolicy
-from agent.session import Models, Session, SessionConfig
-from agent.trace import Ev, Stage, Tracer
+from agent.conversation.endpointing import SilencePolicy
+from agent.conversation.session import Models, Session, SessionConfig
+from agent.tracing.trace import Ev, Stage, Tracer
 from helpers import is_word_prefix
 from doubles import EnergyVAD, ScriptedLLM, ScriptedRecognizer, ToneVoice, burst
 from transport.wavfile import ScriptedTurn, WavConversationTransport

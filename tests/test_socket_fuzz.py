@@ -1,5 +1,5 @@
 """Fuzzing over real sockets (issues 17 and 40): scripts/fuzz_sockets.py against a server wired
-as `duplex serve` wires it (agent.serving.Server: every phone route and the AudioSocket port),
+as `duplex serve` wires it (agent.serving.server.Server: every phone route and the AudioSocket port),
 with its guards on (the token, each carrier's signature, a short idle timeout) and the test
 doubles for models. A few hundred random and mutated messages per route, the WebRTC offer and
 config and the data channel included; idle pages, slow upgrades and more pages than the cap;

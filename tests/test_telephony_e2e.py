@@ -160,7 +160,7 @@ def server(tmp_path_factory):
 def session_trace(trace_dir: Path, prefix: str, known: frozenset = frozenset()):
     """The events of the one session whose id starts with `prefix` (apart from the `known` trace
     files), once its trace is written."""
-    from agent.trace_export import load_events
+    from agent.tracing.export import load_events
 
     def found():
         return sorted(set(trace_dir.glob(f"{prefix}*.trace.json")) - known)
@@ -423,7 +423,7 @@ def backchannel_call(server, tmp_path_factory, phone_call):  # after the other c
 
 def heard_over(events) -> list[str]:
     """What the recognizer wrote for the speech over the story (its partials and final)."""
-    from agent.trace import Ev, Stage
+    from agent.tracing.trace import Ev, Stage
 
     return [e.args.get("text") for e in events if e.stage == Stage.ASR and e.name in (Ev.PARTIAL, Ev.FINAL) and e.turn == 1]
 
@@ -432,7 +432,7 @@ def test_twilio_backchannel_pauses_the_bot_and_it_resumes(backchannel_call):
     """"Mm-hmm." over the story: Twilio's buffer is cleared at once (the bot yields), no words
     come, and the story goes on from where the caller's earpiece stopped."""
     twilio, marks, events = backchannel_call
-    from agent.trace import CUT_BY_WORDS, Ev, Stage
+    from agent.tracing.trace import CUT_BY_WORDS, Ev, Stage
 
     turn = [e for e in events if e.stage == Stage.TURN]
     names = [e.name for e in turn]

@@ -12,10 +12,10 @@ import time
 import numpy as np
 
 from agent import Agent, ToolPolicy, function_tool
-from agent.call_control import end_call
-from agent.session import Models, Session
-from agent.session_events import BargeIn, ReplyFinished, ToolCallFinished, ToolCallStarted, UserTurnFinal
-from agent.trace import Ev, Stage, Tracer
+from agent.toolkit.call_control import end_call
+from agent.conversation.session import Models, Session
+from agent.conversation.session_events import BargeIn, ReplyFinished, ToolCallFinished, ToolCallStarted, UserTurnFinal
+from agent.tracing.trace import Ev, Stage, Tracer
 from doubles import EnergyVAD, ScriptedRecognizer, ToneVoice, ToolScriptLLM, burst, said
 from llm.base import ToolCall
 from test_session_orchestration import config, turn
@@ -439,8 +439,8 @@ async def test_a_small_models_answer_round_reads_results_inline_and_offers_no_to
 async def test_tool_calls_are_a_stage_of_their_own_in_the_report_perfetto_and_otel(tmp_path):
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from agent.trace_export import export_otlp, to_perfetto
-    from agent.trace_report import format_table, turn_table, write_waterfalls
+    from agent.tracing.export import export_otlp, to_perfetto
+    from agent.tracing.report import format_table, turn_table, write_waterfalls
 
     @function_tool
     async def slow_lookup(item: str) -> str:
@@ -466,7 +466,7 @@ async def test_tool_calls_are_a_stage_of_their_own_in_the_report_perfetto_and_ot
 
 
 async def test_say_and_generate_reply_speak_when_the_floor_is_free_and_events_tell_a_program(tmp_path):
-    from agent.session_events import DtmfReceived, ReplyStarted, SessionEnded
+    from agent.conversation.session_events import DtmfReceived, ReplyStarted, SessionEnded
     from transport.base import ClientEvent
 
     class Host(Agent):

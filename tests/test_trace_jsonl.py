@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from agent.trace import Tracer
-from agent.trace_export import load_events, read_jsonl, read_meta, write_jsonl
-from agent.trace_report import simulate_turns
+from agent.tracing.trace import Tracer
+from agent.tracing.export import load_events, read_jsonl, read_meta, write_jsonl
+from agent.bench.simulated_turns import simulate_turns
 
 
 def _key(e):
@@ -47,7 +47,7 @@ def test_jsonl_non_json_args_become_strings(tmp_path):
 
 
 def test_load_events_reads_spill_and_log_and_perfetto(tmp_path):
-    from agent.trace_export import write_perfetto
+    from agent.tracing.export import write_perfetto
 
     spill = str(tmp_path / "spill.jsonl")
     tr = Tracer("s", capacity=16, spill_path=spill)
@@ -69,7 +69,7 @@ def test_otlp_export_uses_genai_conventions():
     pytest.importorskip("opentelemetry.sdk")
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from agent.trace_export import export_otlp
+    from agent.tracing.export import export_otlp
 
     tr = Tracer("s")
     simulate_turns(tr, 2)
@@ -96,7 +96,7 @@ def test_opentelemetry_is_not_imported_eagerly():
     import subprocess
     import sys
 
-    code = ("import sys, agent.trace, agent.trace_export, agent.trace_report, agent.profiling;"
+    code = ("import sys, agent.tracing.trace, agent.tracing.export, agent.tracing.report, agent.tracing.profiling;"
             "print(any(m.startswith('opentelemetry') for m in sys.modules), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
@@ -105,7 +105,7 @@ def test_opentelemetry_is_not_imported_eagerly():
 def test_a_trace_file_appears_only_whole(tmp_path):
     """A reader watching the trace directory never sees half a file: a writer that fails leaves
     nothing behind, and one that succeeds replaces the file in one step."""
-    from agent.trace_export import _written_whole
+    from agent.tracing.export import _written_whole
 
     path = tmp_path / "s.trace.json"
     with pytest.raises(RuntimeError):

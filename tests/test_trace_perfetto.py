@@ -5,9 +5,9 @@ from collections import defaultdict
 
 import pytest
 
-from agent.trace import STAGES, Tracer
-from agent.trace_export import load_events, read_meta, to_perfetto, validate_perfetto, write_perfetto
-from agent.trace_report import simulate_turns
+from agent.tracing.trace import STAGES, Tracer
+from agent.tracing.export import load_events, read_meta, to_perfetto, validate_perfetto, write_perfetto
+from agent.bench.simulated_turns import simulate_turns
 
 N_TURNS = 6
 SPEC, BARGE, EXPLICIT = (2, 5), (3,), (4,)

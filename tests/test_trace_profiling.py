@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from agent.profiling import MemorySampler, profile_path_for, profile_region, rss_mb, torch_profiler
-from agent.trace import Tracer
-from agent.trace_export import to_perfetto
+from agent.tracing.profiling import MemorySampler, profile_path_for, profile_region, rss_mb, torch_profiler
+from agent.tracing.trace import Tracer
+from agent.tracing.export import to_perfetto
 
 
 def test_rss_is_plausible():

@@ -5,16 +5,16 @@ import struct
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent.trace import Ev, Event, Stage, Tracer
-from agent.trace_export import write_jsonl, write_perfetto
-from agent.trace_report import (
+from agent.tracing.trace import Ev, Event, Stage, Tracer
+from agent.tracing.export import write_jsonl, write_perfetto
+from agent.bench.simulated_turns import simulate_turns
+from agent.tracing.report import (
     COLUMNS,
     format_stages,
     format_table,
     main,
     memory_trend,
     percentiles,
-    simulate_turns,
     stage_stats,
     turn_table,
 )

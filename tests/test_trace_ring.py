@@ -4,8 +4,8 @@ import tracemalloc
 
 import pytest
 
-from agent.trace import STAGES, Event, NullTracer, Tracer
-from agent.trace_export import load_events
+from agent.tracing.trace import STAGES, Event, NullTracer, Tracer
+from agent.tracing.export import load_events
 
 N = 1_000_000
 
@@ -150,7 +150,7 @@ def test_clock_offset_picks_min_rtt_sample():
 
 
 def test_stage_names_documented():
-    import agent.trace as mod
+    import agent.tracing.trace as mod
 
     for s in STAGES:
         assert f"``{s}``" in mod.__doc__

@@ -1,16 +1,16 @@
-"""agent.stages.breakdown: the one per-turn stage breakdown (session records, trace report, bench)."""
+"""agent.tracing.stages.breakdown: the one per-turn stage breakdown (session records, trace report, bench)."""
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from agent.records import TurnRecord
-from agent.stages import MILESTONES, STAGE_KEYS, breakdown
+from agent.conversation.records import TurnRecord
+from agent.tracing.stages import MILESTONES, STAGE_KEYS, breakdown
 
 # perf_counter seconds, or 0.0: not reached (TurnRecord's default)
 mark = st.one_of(st.just(0.0), st.floats(1000.0, 1010.0, allow_nan=False))
 
 
 def _summary_before(marks):
-    """TurnRecord.summary()'s own stage code of agent/session.py at 2a1b1f3, kept as the oracle
+    """TurnRecord.summary()'s own stage code of agent/conversation/session.py at 2a1b1f3, kept as the oracle
     that breakdown() reproduces."""
     names = ["endpoint_ms", "asr_final_ms", "llm_ttft_ms", "tts_first_chunk_ms", "send_ms"]
     stages = {}

@@ -1,7 +1,7 @@
 """The turn state machine, driven by synthetic VAD frames and model verdicts (no models).
 Each test asserts the exact transitions and the commands emitted."""
-from agent.endpointing import CombinedPolicy, Features, RulesPolicy, SilencePolicy, SmartTurnPolicy, policy_named
-from agent.turns import (
+from agent.conversation.endpointing import CombinedPolicy, Features, RulesPolicy, SilencePolicy, SmartTurnPolicy, policy_named
+from agent.conversation.turns import (
     CancelReply, DiscardTranscript, EndOfTurn, PauseReply, ResumeReply, SpeechPaused, SpeechResumed, SpeechStopped, StartUtterance, State, TurnConfig, TurnMachine)
 
 F = 0.032
@@ -388,7 +388,7 @@ def test_no_greeting_once_the_user_is_speaking():
     assert d.m.state == U
 
 
-# ---- the end-of-turn policies other than today's rules (agent/endpointing.py) ----------------
+# ---- the end-of-turn policies other than today's rules (agent/conversation/endpointing.py) ----------------
 def _combined(**kw):
     return Driver(endpointing=CombinedPolicy(**kw))
 
@@ -484,7 +484,7 @@ def test_the_combined_wait_shrinks_as_the_verdicts_grow_surer():
 
 
 def test_the_text_turn_model_sees_the_words_without_whisper_s_punctuation():
-    from agent.eou import TextTurnScorer
+    from agent.conversation.eou import TextTurnScorer
 
     assert TextTurnScorer.normalize("What is the capital of?") == "what is the capital of"
     assert TextTurnScorer.normalize("I'd like... four, please.") == "i'd like four please"

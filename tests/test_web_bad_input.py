@@ -18,7 +18,7 @@ pytestmark = pytest.mark.models
 
 class ServerThread:
     def __init__(self, models):
-        from agent.session import Session, SessionConfig
+        from agent.conversation.session import Session, SessionConfig
         from transport.web.server import run_server
 
         self.port = free_port()
@@ -57,7 +57,7 @@ async def _task_names():
 
 @pytest.fixture(scope="module")
 def server():
-    from agent.models import ModelChoice, load_models
+    from agent.conversation.models import ModelChoice, load_models
 
     return ServerThread(load_models(ModelChoice(llm="smollm2-135m")))
 

@@ -256,7 +256,7 @@ def reply_handed_off(peer, track: ReplyAudioTrack, quiet_s: float = 0.5) -> bool
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not flite_available(), reason="flite is missing")
 async def test_a_spoken_question_gets_a_spoken_reply_that_whisper_transcribes(tmp_path):
-    from agent.models import ModelChoice, load_models
+    from agent.conversation.models import ModelChoice, load_models
     from asr import load_recognizer
     from asr.wer import cer
     from asr.whisper import WhisperOptions

@@ -85,7 +85,7 @@ def test_bad_ice_settings_are_refused_when_made(specs, secret, ttl, message):
 def test_duplex_serve_stops_at_start_on_a_turn_url_without_credentials():
     env = {k: v for k, v in os.environ.items() if k != "DUPLEX_TURN_SECRET"}
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "agent.cli", "serve", "--port", str(free_port()),
+    proc = subprocess.run([sys.executable, "-m", "agent.serving.cli", "serve", "--port", str(free_port()),
                            "--ice-server", "turn:127.0.0.1:3478?transport=udp"],
                           check=False, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0

@@ -19,7 +19,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from agent.config import Models
+from agent.conversation.config import Models
 from doubles import EnergyVAD, ScriptedRecognizer, ToneVoice, burst
 from helpers import await_until, page_conversation
 from test_serving import RATE, question, serving

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from helpers import say, silence
 
-from agent.turns import interrupting_words
+from agent.conversation.turns import interrupting_words
 from transport.audio import StreamResampler, resample
 from transport.telephony.g711 import ulaw_decode, ulaw_encode
 

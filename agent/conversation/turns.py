@@ -1,0 +1,504 @@
+"""Turn-taking as a pure state machine: events in, state changes and commands out. No models, no I/O.
+
+Events: VAD frames (`on_vad`, which also serve as the clock), end-of-turn model scores (`on_eou`),
+recognised words (`on_words`, `on_final`), and the reply's progress (`on_reply_started`/`on_reply_finished`).
+
+States::
+
+    listening --speech--> user_speaking --pause--> endpoint_pending --EOU/max wait--> thinking
+        ^                      ^    <--speech resumes--'                                   |
+        |                      |                                               first audio out
+        |                      '--words heard-- interrupted <--speech over it-- bot_speaking <-'
+        |                        (cancel)            '--no words: resume (pause undone)--^
+        '------------reply played------------------------------------------------'
+
+- `decode_after_s` of silence or of quiet frames (one VAD frame; see `quiet_db`) emits
+  `SpeechStopped`: the session decodes the utterance so far at once (the decode, ~0.1 s of CPU,
+  is the longest stage on the critical path). The session first asks the end-of-turn model (alone, before the decode: beside the
+  decode or the LLM they would share the cores), then decodes, and when the decode ends and the
+  user is still silent it speculates on the transcript (LLM + TTS, audio held back). A verdict
+  that comes before the pause is kept (`on_eou`, `on_transcript`) for this silence, so a
+  complete turn ends at the pause. If the user goes on (`min_speech_s` of speech) before the
+  pause, `SpeechResumed` cancels the speculation and the early verdicts are dropped; the next
+  silence asks anew.
+- A *pause* (`pause_s` of silence after speech) emits `SpeechPaused`: the session speculates
+  on the transcript if it has not yet, and asks the end-of-turn model unless it did for this
+  silence. If speech resumes, `SpeechResumed` cancels the speculation.
+- The turn ends (`EndOfTurn`) once Silero's silence reaches the wait that the end-of-turn
+  policy (`TurnConfig.endpointing`, agent/conversation/endpointing.py) sets from the verdicts of the
+  current silence: smart-turn's (`on_eou`), the transcript's punctuation and the text turn
+  model's probability (`on_transcript`). The wait may be shorter than `pause_s` (then
+  `SpeechPaused` and `EndOfTurn` come together). The policies: "combined", the default
+  (smart-turn + the chat model's end-of-message probability after the transcript + the pause
+  length), "rules" (smart-turn at the pause, else 0.5 s after a sentence, else 1.5 s),
+  "smart-turn" alone, and "silence" (no turn model).
+- Barge-in, in two steps: `barge_in_min_speech_s` of user speech while the bot thinks or speaks
+  emits `PauseReply` and enters `interrupted`: the session holds the reply's audio at once (the
+  far end drops what it buffered) and the reply waits, paused. Words in the utterance (its final
+  transcript, or `partial_words_to_interrupt` of a partial's stable words) make it a real interruption:
+  `CancelReply`. An utterance whose final transcript
+  holds none (a cough, a click, or only backchannels such as "mm-hmm", see `interrupting_words`)
+  was not one: `ResumeReply` plays on from where the audio paused, and the transcript is not a
+  turn to answer (`DiscardTranscript`). Nor is speech followed by `false_interruption_s` of
+  silence with no words and no end of turn. The timeout counts from the end of that speech,
+  never while it goes on: on a busy CPU the words can take seconds, and a timeout counted from
+  the pause resumed the bot over real questions (`duplex bench latency` lost three turns so).
+
+Defaults, and why:
+- `speech_threshold` 0.5 / `silence_threshold` 0.35: Silero's own hysteresis pair.
+- `min_speech_s` 0.1: three 32 ms frames; shorter blips (clicks) are not speech.
+- `decode_after_s` 0.03 (the first silent or quiet 32 ms frame): Silero's end of speech lags
+  the true end by ~40 ms, so the audio then holds ~70 ms after the last word, and Whisper's transcript
+  is the same from 16 ms of tail on (11 bench and dev clips, tails of 16-300 ms). Pauses inside
+  a sentence cost a decode each (at most `max_speculations_per_turn` run), and a speculation
+  when they last longer than the decode.
+- `quiet_db` -35 / `quiet_max_prob` 0.97: the early-decode hint. Silero's probability stays near
+  1.0 for two or three frames after the last word (flite questions: its silence began 88-162 ms
+  after the exact end). A frame 35 dB below the utterance's loudest frame, once Silero's
+  probability has begun to fall, counts as stopped for `SpeechStopped` (the speculative decode)
+  but not for the pause, which counts Silero's silence alone: speculative work starts on the
+  eager signal, the turn is committed on the conservative one. On the bench turns and the dev
+  clips it starts the decode a frame or two earlier on about a third of them, for a decode or
+  two more inside speech; it never fires in noise louder than -35 dB.
+- `pause_s` 0.2: pipecat's VAD stop_secs when a turn model follows; the smart-turn model then
+  decides, so short pauses cost little.
+- The policies' longest wait, 1.5 s: the fallback when the turn model says "incomplete"
+  (LiveKit's max_endpointing_delay is 3 s, pipecat's smart-turn stop_secs 3 s); shorter, because
+  a wrong "incomplete" is the common failure on terse answers. The rules' 0.5 s after a
+  sentence is LiveKit's min_endpointing_delay.
+- `barge_in_min_speech_s` 0.1: three 32 ms frames, as for an utterance's start. A pause costs
+  little when it proves false (the reply resumes at the sample it paused, nothing is lost), and
+  the bot must stop within 250 ms of the user's onset: Silero's onset lag plus 0.1 s plus the
+  clear's way to the far end. (LiveKit pauses after 0.5 s.)
+- `false_interruption_s` 2.0: LiveKit's false-interruption timeout, which also starts when the
+  user stops speaking. Longer than the policies' longest wait: the utterance's end of turn and its final
+  transcript decide first.
+- `partial_words_to_interrupt` 3, of the words the recognizer will not change (a partial's stable
+  prefix; Whisper's: the words two partials in a row agree on): on a fragment of a hum Whisper
+  guesses a word or two ("you", "I'm", "and image" for the first second of flite's "Mm-hmm.";
+  over a phone line three: "and and making"). The bot is silent meanwhile, so waiting for more
+  words or the final costs nothing audible.
+- `echo_level_db` -12: words over the bot whose loudest frame is that far below the user's own
+  (the median loudest frame of their last turns) are the bot's voice leaking through the page's
+  echo canceller, which it does in bursts when the capture glitches on a busy machine: no
+  interruption. In tests/test_browser_echo.py with one core taken by another process, Chromium's
+  page mic gave the user's turns peaks of -3 to -8 dBFS and the leaks that cut the story ("I
+  talk.", "Just.") -24 to -37; the real barge-in peaked at -10. Needs a turn of the user's first
+  (a greeting's listener has none), and the level of each frame (`on_vad`'s `level`).
+- `backchannels` `BACKCHANNELS` ("yeah", "okay", "right", ...) besides non-lexical sounds
+  (`NONLEXICAL`; Whisper wrote "MMHMM" for flite's "Mm-hmm.", "Mmh" mid-way): said alone over
+  the bot they are a listener following, not taking the turn, so the bot goes on; "okay, stop"
+  holds a word that interrupts. `()`: only the sounds let it go on.
+- `echo_level_db` also gates the pause: speech over the bot whose loudest frame so far is that
+  far below the user's turns neither pauses the bot nor starts an utterance (a voice across the
+  room, a TV at -20 dB, the echo's bursts); once it grows to the user's level it pauses it as
+  usual. `None`: any speech over the bot pauses it.
+- `max_utterance_s` 25: Whisper decodes at most 30 s at once.
+- "combined" (the default): `text_weight` 3, `text_bias` 13, `threshold` 0.5, `min_wait_s` 0.1,
+  chosen on `duplex bench turns` (82 complete, 150 incomplete utterances; a grid over weight
+  1-3, bias 12-16, threshold 0.3-0.7): the quickest turn ends with the fewest false cut-offs
+  (about 0.22/0.25 s p50/p90 from the true end of speech, under 5 % cut-offs, against 0.3/0.6 s
+  and three quarters cut off for the rules; docs/turn-taking.md has the table). The text score
+  decides (cut fragments: 1e-7-1e-12; complete requests, unpunctuated: 1e-1-1e-7; its bias is
+  the trade-off between cut-offs and the p90), so the decode runs first and smart-turn only when
+  it could still move the wait (`wants_audio_verdict`): smart-turn calls most cut fragments
+  complete in these voices. The cut-offs left are Whisper's: it completes a cut fragment ("Set
+  a timer for it.", "some tips for some tips?").
+"""
+from __future__ import annotations
+
+import re
+import statistics
+from collections import deque
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from agent.conversation.endpointing import CombinedPolicy, EndOfTurnPolicy, Features
+
+
+# the sounds people make over a speaker to show they listen, and fillers, however a recognizer
+# spells them, case and hyphens aside: "Mm-hmm.", "MMHMM", "Mmh" (a partial's), "M-M-H-M-N" and
+# "M-H-M-S" (Whisper on cut hums), "hmm", "uh-huh", "um", "ah", "oh", "erm". None of them makes
+# speech over the bot an interruption.
+NONLEXICAL = re.compile(r"[mhn]+s?|m+h+u+h+|(?:u+h+)+|u+m+|a+h+|o+h+|e+r+m*")
+
+
+def interrupting_words(text: str, backchannels: tuple[str, ...] = ()) -> int:
+    """The words of `text` that make speech over the bot an interruption: all but non-lexical
+    sounds (`NONLEXICAL`), the `backchannels` given (lowercase words), and a recognizer's sound
+    tags ("(coughs)", "[BLANK_AUDIO]")."""
+    text = re.sub(r"\([^)]*\)|\[[^\]]*\]|\*[^*]*\*", " ", text)
+    words = (re.sub(r"[^\w']", "", w).lower() for w in text.split())
+    return sum(1 for w in words
+               if any(ch.isalnum() for ch in w) and not NONLEXICAL.fullmatch(w) and w not in backchannels)
+
+
+# words a listener says over a speaker to show they follow, not to take the turn: over the bot,
+# an utterance of these alone (and `NONLEXICAL` sounds) lets it go on
+BACKCHANNELS = ("yeah", "yep", "yup", "yes", "right", "okay", "ok", "sure", "alright", "cool", "wow", "nice",
+                "exactly", "indeed", "true", "gotcha", "uh", "huh")
+
+
+
+class State(str, Enum):
+    LISTENING = "listening"
+    USER_SPEAKING = "user_speaking"
+    ENDPOINT_PENDING = "endpoint_pending"
+    THINKING = "thinking"
+    BOT_SPEAKING = "bot_speaking"
+    INTERRUPTED = "interrupted"
+
+
+@dataclass
+class TurnConfig:
+    speech_threshold: float = 0.5
+    silence_threshold: float = 0.35
+    min_speech_s: float = 0.1
+    decode_after_s: float = 0.03
+    pause_s: float = 0.2
+    barge_in_min_speech_s: float = 0.1  # speech over the bot that pauses it
+    false_interruption_s: float = 2.0  # silence after speech over the bot with no words: it resumes
+    partial_words_to_interrupt: int = 3  # stable words of a partial that make speech over the bot an interruption
+    backchannels: tuple[str, ...] = BACKCHANNELS  # words besides `NONLEXICAL` sounds that do not interrupt
+    # speech over the bot this far below the user's own level neither pauses nor interrupts it:
+    # the bot's echo, a TV, a voice across the room (None: any speech pauses it)
+    echo_level_db: float | None = -12.0
+    max_utterance_s: float = 25.0
+    preroll_s: float = 0.3  # audio before the detected speech start that the recognizer gets
+    quiet_db: float | None = -35.0  # the early-decode hint (None: off), below the utterance's peak
+    quiet_max_prob: float = 0.97  # ... counted only once Silero's probability has begun to fall
+    # the end-of-turn policy (agent/conversation/endpointing.py): when the silence after speech ends the turn
+    endpointing: EndOfTurnPolicy = field(default_factory=CombinedPolicy)
+
+
+# Commands the machine asks the session to carry out.
+@dataclass(frozen=True)
+class StartUtterance:
+    t_start: float  # stream time of the first speech frame
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    t_speech_end: float  # decode the utterance so far now, ahead of the pause
+
+
+@dataclass(frozen=True)
+class SpeechPaused:
+    t_speech_end: float  # speculate on the transcript so far; score end-of-turn
+
+
+@dataclass(frozen=True)
+class SpeechResumed:
+    t: float  # the user went on: cancel the speculation
+
+
+@dataclass(frozen=True)
+class EndOfTurn:
+    t_speech_end: float  # stream time at which the user stopped speaking
+
+
+@dataclass(frozen=True)
+class PauseReply:
+    t: float  # the user speaks over the bot: hold the reply's audio now (nothing is lost yet)
+    t_speech_start: float  # stream time of that speech's first frame
+
+
+@dataclass(frozen=True)
+class CancelReply:
+    t: float  # words over the bot: a real interruption; cancel the paused reply
+
+
+@dataclass(frozen=True)
+class ResumeReply:
+    t: float  # the interruption was noise or a backchannel: play on from where the audio paused
+
+
+@dataclass(frozen=True)
+class DiscardTranscript:
+    t: float  # the utterance that ended was that false interruption: not a turn to answer
+    echo: bool = False  # its words were too quiet to be the user's (`TurnConfig.echo_level_db`)
+
+
+Command = (StartUtterance | SpeechStopped | SpeechPaused | SpeechResumed | EndOfTurn | PauseReply | CancelReply
+           | ResumeReply | DiscardTranscript)
+
+
+class TurnMachine:
+    def __init__(self, config: TurnConfig | None = None):
+        self.config = config or TurnConfig()
+        self.state = State.LISTENING
+        self.transitions: deque[tuple[float, State, State]] = deque(maxlen=1024)  # recent, bounded
+        self.in_speech = False  # the user is talking: speech to Silero, and not a quiet frame
+        self._vad_speech = False  # Silero's own speech state (with its hysteresis)
+        self._speech_run = 0.0  # seconds of consecutive speech frames
+        self._silence_run = 0.0
+        self._stop_run = 0.0  # seconds of consecutive silent or quiet frames (the decode trigger)
+        self._peak_level = 0.0  # loudest speech frame of the current utterance (RMS)
+        self._run_peak = 0.0  # ... of the current run of speech frames (an utterance's first ones)
+        self._last_speech_end = 0.0
+        self._utterance_start = 0.0
+        self._stopped = False  # SpeechStopped sent for the current silence
+        self._paused = False  # SpeechPaused sent for the current silence
+        self._features = Features()  # what the policy knows of this silence
+        self._resumable = False  # SpeechStopped sent in user_speaking: speech that goes on resumes
+        self._interrupted_at: float | None = None  # the pause's time while the interruption's words are unknown
+        self._resume_to = State.BOT_SPEAKING  # the state a false interruption returns to
+        # per ended turn awaiting its final: the interruption's own? and its loudest frame
+        self._finals: deque[tuple[bool, float]] = deque(maxlen=16)
+        self._user_peaks: deque[float] = deque(maxlen=8)  # the loudest frame of the user's last turns
+
+    @property
+    def vad_silence_s(self) -> float:
+        """Seconds of silence Silero has heard up to now (the pause counts these)."""
+        return self._silence_run
+
+    def _go(self, t: float, state: State) -> None:
+        if state != self.state:
+            self.transitions.append((t, self.state, state))
+            self.state = state
+
+    # ---- events ---------------------------------------------------------------------------
+    def on_vad(self, t: float, prob: float, frame_s: float, level: float | None = None) -> list[Command]:
+        """One VAD frame ending at stream time `t` (seconds) with speech probability `prob`;
+        `level`: the frame's RMS (optional; it feeds the early-decode hint)."""
+        c = self.config
+        speech = prob >= c.speech_threshold or (self._vad_speech and prob > c.silence_threshold)
+        self._vad_speech = speech
+        quiet = speech and self._is_quiet(prob, level)
+        if speech and not quiet:
+            self.in_speech = True
+            self._speech_run += frame_s
+            self._silence_run = self._stop_run = 0.0
+            self._stopped = False
+            if self.state != State.ENDPOINT_PENDING:  # a blip in the pause does not void them
+                self._features = Features()
+            if level is not None and prob >= c.speech_threshold:
+                self._peak_level = max(self._peak_level, level)
+                self._run_peak = max(self._run_peak, level)
+        else:
+            self._run_peak = 0.0
+            if self._stop_run == 0.0:  # the speech ended where this run of stopped frames began
+                self._last_speech_end = t - frame_s
+            self._stop_run += frame_s
+            self._speech_run = 0.0
+            self.in_speech = False
+            # a quiet frame is still speech to Silero: the pause counts Silero's silence only
+            self._silence_run = 0.0 if speech else self._silence_run + frame_s
+
+        def spoke(seconds: float) -> bool:  # to the nearest frame: 0.1 s is three 32 ms frames, not four
+            return self._speech_run >= seconds - frame_s / 2
+
+        out: list[Command] = []
+        s = self.state
+        if s == State.LISTENING:
+            if spoke(c.min_speech_s):
+                out.append(self._start_user(t, State.USER_SPEAKING))
+        elif s in (State.USER_SPEAKING, State.INTERRUPTED):
+            if (resume := self._check_false_interruption(t)):
+                return resume
+            if self._resumable and spoke(c.min_speech_s):
+                self._resumable = False  # they went on after a short silence: drop its speculation
+                out.append(SpeechResumed(t))
+            if t - self._utterance_start >= c.max_utterance_s:
+                out += self._end_turn(t, t if self.in_speech else self._last_speech_end)
+                return out
+            if self._stop_run >= c.decode_after_s and not self._stopped:
+                self._stopped = True
+                self._resumable = s == State.USER_SPEAKING
+                out.append(SpeechStopped(self._last_speech_end))
+            if not self.in_speech and self._silence_run >= c.pause_s and not self._paused:
+                self._paused = True
+                self._go(t, State.ENDPOINT_PENDING)
+                out.append(SpeechPaused(self._last_speech_end))
+            out += self._policy_check(t)
+        elif s == State.ENDPOINT_PENDING:
+            if (resume := self._check_false_interruption(t)):
+                return resume
+            if spoke(c.min_speech_s):
+                self._paused = False
+                self._resumable = False
+                self._features = Features()
+                self._go(t, State.USER_SPEAKING)
+                out.append(SpeechResumed(t))
+            else:
+                out += self._policy_check(t)
+        elif (s in (State.THINKING, State.BOT_SPEAKING) and spoke(c.barge_in_min_speech_s)
+              and not self._below_the_user(self._run_peak)):  # a quieter voice is not the user's
+            if self._interrupted_at is None:  # else the reply is paused already (its final is due)
+                self._interrupted_at, self._resume_to = t, s
+                out.append(PauseReply(t, t - self._speech_run))
+            out.append(self._start_user(t, State.INTERRUPTED))
+        return out
+
+    def on_eou(self, t: float, probability: float, t_speech_end: float | None = None) -> list[Command]:
+        """The end-of-turn model's verdict on the utterance up to the current silence. Before the
+        pause it is kept until the pause is confirmed. `t_speech_end`: the silence it was asked
+        about (the `SpeechStopped`/`SpeechPaused` time); a late verdict on an earlier silence is
+        not kept for this one. (Once the pause is confirmed any verdict on the utterance counts:
+        a blip of noise during the pause must not void it.)"""
+        if self.in_speech:
+            return []
+        if self._current(t_speech_end):
+            self._features = replace(self._features, audio_p=probability)
+        return self._policy_check(t)
+
+    def on_transcript(self, t: float, complete: bool, text_p: float | None = None,
+                      t_speech_end: float | None = None) -> list[Command]:
+        """The transcript up to the current pause; `complete` if it ends a sentence; `text_p`:
+        the text turn model's probability that it ends the turn (None: not asked). It counts
+        before the pause too (for the silence `t_speech_end`)."""
+        if self.in_speech or not self._current(t_speech_end):
+            return []
+        self._features = replace(self._features, text_complete=complete,
+                                 text_p=self._features.text_p if text_p is None else text_p)
+        return self._policy_check(t)
+
+    def on_words(self, t: float, text: str) -> list[Command]:
+        """The words of the user's current utterance that the recognizer will not change (a
+        partial's stable prefix): enough of them over the bot (not backchannels) make the
+        interruption real."""
+        c = self.config
+        if (self._interrupted_at is None or interrupting_words(text, c.backchannels) < c.partial_words_to_interrupt
+                or self._below_the_user(self._peak_level)):
+            return []  # a too quiet one waits for its final
+        return self._confirm_interruption(t)
+
+    def on_final(self, t: float, text: str) -> list[Command]:
+        """The final transcript of the turn that ended first of those awaiting theirs."""
+        # own: that turn was the interruption's utterance
+        own, peak = self._finals.popleft() if self._finals else (False, 0.0)
+        if own and self._interrupted_at is not None:
+            words = interrupting_words(text, self.config.backchannels)
+            echo = bool(words) and self._below_the_user(peak)
+            if words and not echo:
+                return self._confirm_interruption(t)
+            out: list[Command] = [DiscardTranscript(t, echo=echo)]
+            if self.state == State.THINKING:  # else the user speaks again: that utterance decides
+                out += self._resume(t)
+            return out
+        if not own and peak > 0.0 and interrupting_words(text, self.config.backchannels):
+            self._user_peaks.append(peak)  # the user's own voice, as this line delivers it
+        if (self.state == State.THINKING and self._interrupted_at is None
+                and not any(ch.isalnum() for ch in text)):
+            self._go(t, State.LISTENING)  # noise, with no reply to go back to
+        return []
+
+    def on_bot_initiated(self, t: float) -> bool:
+        """The bot speaks first (a greeting): listening -> thinking, so that speech over it is a
+        barge-in like any other. False (nothing changes) unless the line is quiet and idle."""
+        if self.state != State.LISTENING:
+            return False
+        self._go(t, State.THINKING)
+        return True
+
+    def on_reply_started(self, t: float) -> None:
+        """The first reply audio went out (or, paused, waits to)."""
+        if self._interrupted_at is not None:
+            self._resume_to = State.BOT_SPEAKING
+        elif self.state == State.THINKING:
+            self._go(t, State.BOT_SPEAKING)
+
+    def on_reply_finished(self, t: float) -> None:
+        """The reply was fully played, or it failed: a paused one has nothing left to resume."""
+        if self._interrupted_at is not None:
+            self._interrupted_at = None
+            if self.state == State.INTERRUPTED:
+                self._go(t, State.USER_SPEAKING)  # the speech over it is an utterance like any other
+        if self.state in (State.THINKING, State.BOT_SPEAKING):
+            self._go(t, State.LISTENING)
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _current(self, t_speech_end: float | None) -> bool:
+        """A verdict about `t_speech_end` counts for the policy now: in the pause any verdict on
+        the utterance does; before it, one on this silence (after its `SpeechStopped`)."""
+        if self.state == State.ENDPOINT_PENDING:
+            return True
+        return (self.state in (State.USER_SPEAKING, State.INTERRUPTED) and self._stopped
+                and (t_speech_end is None or t_speech_end == self._last_speech_end))
+
+    @property
+    def policy(self) -> EndOfTurnPolicy:
+        return self.config.endpointing
+
+    def required_silence(self) -> float:
+        """Seconds of Silero silence after which the policy ends the turn, from what it knows."""
+        return self.policy.required_silence(self._features, self.config.pause_s)
+
+    def wants_audio_verdict(self) -> bool:
+        """Whether smart-turn's verdict, whatever it says, could change this silence's wait by
+        more than a VAD frame, given what is known already."""
+        return self.policy.wants_audio_verdict(self._features)
+
+    def _policy_check(self, t: float) -> list[Command]:
+        """End the turn once the silence reaches the policy's wait (confirming the pause first
+        when the wait is shorter than `pause_s`)."""
+        if self.in_speech or self.state not in (State.USER_SPEAKING, State.INTERRUPTED, State.ENDPOINT_PENDING):
+            return []
+        if self.state != State.ENDPOINT_PENDING and not self._stopped:
+            return []
+        required = self.required_silence()
+        # a confirmed pause is the silence a wait up to `pause_s` asks for, even if a blip of
+        # noise in it (too short for speech) has restarted Silero's count since
+        if self.state == State.ENDPOINT_PENDING and required <= self.config.pause_s:
+            required = 0.0
+        if self._silence_run + 1e-9 < required:
+            return []
+        out: list[Command] = []
+        if self.state != State.ENDPOINT_PENDING:
+            self._paused = True
+            self._go(t, State.ENDPOINT_PENDING)
+            out.append(SpeechPaused(self._last_speech_end))
+        return out + self._end_turn(t, self._last_speech_end)
+
+    def _is_quiet(self, prob: float, level: float | None) -> bool:
+        """The early-decode hint: Silero still says speech (it lags the true end by 2-3 frames)
+        but the frame is `quiet_db` below the utterance's loudest frame and Silero's probability
+        has begun to fall. Only inside an utterance the user is speaking."""
+        c = self.config
+        return (c.quiet_db is not None and level is not None and self._peak_level > 0.0
+                and self.state in (State.USER_SPEAKING, State.INTERRUPTED) and prob < c.quiet_max_prob
+                and level < self._peak_level * 10.0 ** (c.quiet_db / 20.0))
+
+    def _below_the_user(self, peak: float) -> bool:
+        """Speech whose loudest frame is `echo_level_db` below the user's own turns' (median)."""
+        db = self.config.echo_level_db
+        if db is None or not self._user_peaks or peak <= 0.0:
+            return False
+        return peak < statistics.median(self._user_peaks) * 10.0 ** (db / 20.0)
+
+    def _check_false_interruption(self, t: float) -> list[Command]:
+        """`false_interruption_s` of silence after the speech over the bot, with no words and
+        no end of turn yet: drop the utterance, resume."""
+        if (self._interrupted_at is not None and not self.in_speech
+                and self._silence_run >= self.config.false_interruption_s):
+            self._paused = False
+            return self._resume(t)
+        return []
+
+    def _resume(self, t: float) -> list[Command]:
+        self._interrupted_at = None
+        self._go(t, self._resume_to)
+        return [ResumeReply(t)]
+
+    def _confirm_interruption(self, t: float) -> list[Command]:
+        self._interrupted_at = None
+        if self.state == State.INTERRUPTED:
+            self._go(t, State.USER_SPEAKING)
+        return [CancelReply(t)]
+
+    def _end_turn(self, t: float, t_speech_end: float) -> list[Command]:
+        self._speech_run = 0.0  # speech that goes on after a forced end must build up anew
+        self._paused = False
+        self._resumable = False
+        self._features = Features()
+        self._finals.append((self._interrupted_at is not None, self._peak_level))
+        self._go(t, State.THINKING)
+        return [EndOfTurn(t_speech_end)]
+
+    def _start_user(self, t: float, state: State) -> StartUtterance:
+        self._go(t, state)
+        self._peak_level = self._run_peak  # the frames that opened it count
+        self._paused = False
+        self._features = Features()
+        self._utterance_start = t - self._speech_run  # start of the speech run that opened it
+        return StartUtterance(self._utterance_start)

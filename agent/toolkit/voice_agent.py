@@ -1,0 +1,73 @@
+"""What an integrator writes: an `Agent` with instructions, tools, a greeting and hooks.
+
+    agent = Agent(instructions="You book tables at Chez Louis.", tools=[book_table, end_call])
+    duplex serve --agent my_module:agent
+
+`Agent()` with nothing set is duplex's default assistant. Hooks are methods to override in a
+subclass; each gets the live session (`agent.conversation.session.Session`), whose `say`, `generate_reply`
+and `on(...)` are the agent's actions and events.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.toolkit.tools import FunctionTool, ToolPolicy, build_tool
+
+DEFAULT_INSTRUCTIONS = (
+    "You are a friendly voice assistant. Reply in one or two short, plain English sentences.")
+
+
+@dataclass
+class Agent:
+    instructions: str = DEFAULT_INSTRUCTIONS
+    tools: Sequence[FunctionTool | Any] = ()  # FunctionTools; plain functions are made into tools
+    greeting: str | None = None  # said as soon as the caller's audio arrives
+    mcp_servers: Sequence[Any] = ()  # agent.toolkit.mcp_tools.MCPServer: their tools join `tools`
+    tool_policy: ToolPolicy = field(default_factory=ToolPolicy)
+
+    def __post_init__(self) -> None:
+        self.tools = tuple(t if isinstance(t, FunctionTool) else build_tool(t) for t in self.tools)
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two tools share a name: {names}")
+
+    # ---- hooks (override in a subclass) ----------------------------------------------------------
+    async def on_enter(self, session) -> None:
+        """The conversation has begun (before the greeting)."""
+
+    async def on_user_turn(self, session, text: str) -> None:
+        """The user's turn is final with `text`, before the reply is committed."""
+
+    async def on_exit(self, session) -> None:
+        """The conversation has ended."""
+
+
+def load_agent(spec: str) -> Agent:
+    """`MODULE:ATTR` or `path/to/file.py:ATTR` -> the Agent there (ATTR may be a function that
+    returns one)."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise SystemExit(f"--agent {spec!r}: expected MODULE:ATTR or FILE.py:ATTR")
+    if target.endswith(".py"):
+        path = Path(target).resolve()
+        name = f"duplex_agent_{path.stem}"
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise SystemExit(f"--agent {spec!r}: cannot load {path}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    value = getattr(module, attr)
+    if not isinstance(value, Agent) and callable(value):
+        value = value()
+    if not isinstance(value, Agent):
+        raise SystemExit(f"--agent {spec!r} is a {type(value).__name__}, not an agent.Agent")
+    return value
