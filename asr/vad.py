@@ -25,7 +25,7 @@ def pipecat_asset(*parts: str) -> Path:
 
 def quiet_onnx_session(path: str | Path, threads: int = 1):
     """An ONNX Runtime CPU session whose idle workers sleep: spinning workers starve the other
-    models on a small CPU (see agent/models.py)."""
+    models on a small CPU (see agent/conversation/models.py)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()

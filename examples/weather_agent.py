@@ -1,6 +1,5 @@
 """A voice agent with two tools: duplex run|serve|talk --agent examples/weather_agent.py:agent"""
-from agent import Agent, function_tool
-from agent.call_control import end_call
+from agent import Agent, end_call, function_tool
 
 FORECASTS = {"paris": "sunny and 24 degrees", "london": "light rain and 15 degrees"}
 

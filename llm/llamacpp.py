@@ -6,7 +6,7 @@ that calls into it. Calls from a thread pool's rotating workers make several tea
 libgomp manages more threads than there are cores it spins only ~100 rounds between operations
 and then sleeps, and every token pays for the wake-ups: on 2 cores a token costs about a third
 more once a second thread has called llama.cpp (a stand-alone loop of 30 tokens re-measures it).
-The OpenMP spin itself is set by `agent.models.configure_openmp`.
+The OpenMP spin itself is set by `agent.conversation.models.configure_openmp`.
 """
 from __future__ import annotations
 
@@ -197,7 +197,7 @@ class LlamaCppChat:
 
     @property
     def continues_text(self) -> bool:
-        """`stream(..., prefix=...)` goes on from an answer's first words (see agent/reply.py: a
+        """`stream(..., prefix=...)` goes on from an answer's first words (see agent/conversation/reply.py: a
         paused reply closes its stream, so that its lock serves the other conversations)."""
         return self._formatter is not None
 

@@ -10,7 +10,7 @@ HTTP response, which is how these servers learn to stop generating; no text is b
 the chunk being read.
 
 Faults: the client never retries (`max_retries=0`): a retry would hide a server that is down
-behind seconds of silence, and the reply's own deadline (`llm_timeout_s`, agent/reply.py) is
+behind seconds of silence, and the reply's own deadline (`llm_timeout_s`, agent/conversation/reply.py) is
 what bounds the wait for the first and each next token; `timeout_s` is only the HTTP client's
 outer bound. A refused connection, an HTTP error and a connection cut mid-answer (server killed,
 proxy gone) each raise `LLMError`. A stream abandoned at any point (closed, or its task

@@ -16,7 +16,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from agent.trace import Tracer  # noqa: E402
+from agent.tracing.trace import Tracer  # noqa: E402
 
 
 def _loop_empty(tr, n):

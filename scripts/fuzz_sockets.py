@@ -1471,7 +1471,7 @@ async def run_fuzz(target: Target, messages: int = 10000, seed: int = 0, routes:
 @contextlib.asynccontextmanager
 async def doubles_server(port: int, audiosocket_port: int | None, max_sessions: int = 16,
                          secrets: Secrets | None = None, idle_s: float = 60.0):
-    """`duplex serve` (agent.serving.Server, as cmd_serve runs it) with the models replaced by
+    """`duplex serve` (agent.serving.server.Server, as cmd_serve runs it) with the models replaced by
     the test doubles of tests/doubles.py: every route and the AudioSocket port. The measured-load
     admission is off (--load-threshold 0): fuzzing loads the machine, and what is fuzzed here is
     the conversations, not the refusals; the --max-sessions cap stays. `secrets`: the guards on,
@@ -1479,10 +1479,10 @@ async def doubles_server(port: int, audiosocket_port: int | None, max_sessions: 
     sys.path.insert(0, str(ROOT / "tests"))
     from doubles import EnergyVAD, ScriptedLLM, ScriptedRecognizer, ToneVoice
 
-    from agent.config import Models, SessionConfig
-    from agent.holding import HoldingPolicy
-    from agent.load import LoadPolicy
-    from agent.serving import ServeConfig, Server
+    from agent.conversation.config import Models, SessionConfig
+    from agent.serving.holding import HoldingPolicy
+    from agent.serving.load import LoadPolicy
+    from agent.serving.server import ServeConfig, Server
     from transport.telephony.signatures import carrier_guards
 
     models = Models(asr=ScriptedRecognizer(["what time is it"] * 10000), llm=ScriptedLLM("It is noon."),

@@ -51,7 +51,7 @@ def _probe(log_path: str) -> None:
 def main() -> int:
     log_path, args = sys.argv[1], sys.argv[2:]
     signal.signal(signal.SIGUSR1, lambda *_: _probe(log_path))
-    from agent.cli import main as duplex
+    from agent.serving.cli import main as duplex
 
     return duplex(["serve", *args])
 

@@ -20,7 +20,7 @@ class SessionEvent:
 
 @dataclass(frozen=True)
 class StateChanged(SessionEvent):
-    """The conversation's state (agent.turns.State values: listening, user_speaking, ...)."""
+    """The conversation's state (agent.conversation.turns.State values: listening, user_speaking, ...)."""
 
     type: ClassVar[str] = "state"
     state: str
@@ -74,7 +74,7 @@ class BotDone(SessionEvent):
 
 @dataclass(frozen=True)
 class TurnLatency(SessionEvent):
-    """The turn's stage breakdown (agent.stages), flattened into the wire object."""
+    """The turn's stage breakdown (agent.tracing.stages), flattened into the wire object."""
 
     type: ClassVar[str] = "latency"
     summary: dict = field(default_factory=dict)
