@@ -47,7 +47,7 @@ def load_recognizer(name: str = "whisper-tiny.en", **kwargs) -> StreamingRecogni
 
         return RemoteRecognizer(name, **kwargs)
     if kind == "engine":
-        from asr.engine_recognizer import EngineRecognizer
+        from asr.engine.recognizer import EngineRecognizer
 
         key = (os.path.abspath(name) if os.path.isdir(name) else name, tuple(sorted(kwargs.items())))
         if key not in _engines:

@@ -1,5 +1,5 @@
 """One `asr.base.RecognizerStream` for every recognizer that speaks Kyutai's ASR messages: an
-in-process engine slot (asr.engine_recognizer) or a remote moshi-server / `duplex asr-serve`
+in-process engine slot (asr.engine.recognizer) or a remote moshi-server / `duplex asr-serve`
 (asr.remote). Both hand this module a `MoshiLink`; everything else is shared.
 
 Two layers:

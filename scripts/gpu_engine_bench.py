@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from asr.engine import KyutaiLM, LMConfig, StreamingEngine  # noqa: E402
-from asr.mimi import MimiSpec, MimiStreamingEncoder  # noqa: E402
+from asr.engine.engine import KyutaiLM, LMConfig, StreamingEngine  # noqa: E402
+from asr.engine.mimi import MimiSpec, MimiStreamingEncoder  # noqa: E402
 
 FRAME_S = 0.08
 

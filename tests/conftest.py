@@ -15,6 +15,6 @@ def one_torch_thread():
 @pytest.fixture(scope="module")
 def hf():
     """A tiny, seeded, random Kyutai STT model (transformers reference), window 8."""
-    from asr.kyutai import tiny_hf_model
+    from asr.engine.kyutai import tiny_hf_model
 
     return tiny_hf_model(seed=0, window=8)

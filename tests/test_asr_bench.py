@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from asr.loadbench import main
+from asr.bench.load import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # figures of one window each: keep them steady
 
@@ -27,7 +27,7 @@ def test_the_memory_flood_at_full_speed_is_held_at_the_servers_cap():
     buffer fills to its cap and no further (the client's sends wait)."""
     import asyncio
 
-    from asr.loadbench import SR, memory_flood
+    from asr.bench.load import SR, memory_flood
 
     samples = asyncio.run(memory_flood(60, 0))
     buffered = [b for *_, b in samples]
@@ -61,7 +61,7 @@ def test_scheduler_mode_prints_a_row_per_conversation_count(capsys):
 def test_price_per_hour_prints_the_cost_per_stream_hour_of_the_streams_held(capsys):
     """`--price-per-hour`: the device's price shared by the streams that held real time, in
     cents per stream-hour; a run that fell behind gets no figure, and says why."""
-    from asr.loadbench import MAX_LAG_S, cents_per_stream_hour
+    from asr.bench.load import MAX_LAG_S, cents_per_stream_hour
 
     assert cents_per_stream_hour(6.0, 400) == pytest.approx(1.5)  # the seed: Kyutai on an H100
     assert main(["--clients", "2", "--seconds", "1.6", "--price-per-hour", "0.10", "--no-tune-convs"]) == 0

@@ -24,11 +24,11 @@ import websockets
 from prometheus_client.parser import text_string_to_metric_families
 
 from asr.base import RecognizerUnavailable
-from asr.kyutai import tiny_random
+from asr.engine.kyutai import tiny_random
 from asr.moshi_protocol import decode_server
 from asr.remote import RemoteRecognizer
-from asr.scheduler import EngineScheduler, SchedulerConfig
-from asr.server import PATH, AsrServer
+from asr.engine.scheduler import EngineScheduler, SchedulerConfig
+from asr.serving.server import PATH, AsrServer
 
 sys.path.insert(0, os.path.dirname(__file__))
 from helpers import await_until

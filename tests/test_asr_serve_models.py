@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-import asr.kyutai
+import asr.engine.kyutai
 import asr.whisper
-from asr.scheduler import EngineScheduler
-from asr.server import build_recognizer, parse_args
-from asr.whisper_service import WhisperService
+from asr.engine.scheduler import EngineScheduler
+from asr.serving.server import build_recognizer, parse_args
+from asr.serving.whisper_service import WhisperService
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -64,7 +64,7 @@ def test_hub_id_goes_to_from_pretrained_with_the_cli_settings(monkeypatch, whisp
         calls.append((name, batch_size, kw))
         raise Stop
 
-    monkeypatch.setattr(asr.kyutai, "from_pretrained", fake_from_pretrained)
+    monkeypatch.setattr(asr.engine.kyutai, "from_pretrained", fake_from_pretrained)
     with pytest.raises(Stop):
         build_recognizer(parse_args(["--model", "kyutai/stt-1b-en_fr", "--slots", "4", "--device", "cpu"]))
     (name, batch_size, kw), = calls

@@ -1,5 +1,5 @@
 """The push-based recognizer streams over Kyutai's messages: the in-process engine
-(asr.engine_recognizer), the remote client (asr.remote) against an in-process `AsrServer` on
+(asr.engine.recognizer), the remote client (asr.remote) against an in-process `AsrServer` on
 127.0.0.1, their shared core (asr.moshi_stream) and the name dispatch (asr.load_recognizer).
 
 No real model: a tiny random Kyutai model whose lm_head rows are permuted so that it often emits
@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 
 from asr.base import Flushed, Gap, Partial, PauseProbability, RecognizerFailed, RecognizerUnavailable, Word, WordEvent
-from asr.engine_recognizer import EngineRecognizer
-from asr.kyutai import LoadedModel, emit_words_often, engine_from_hf, tiny_hf_model
+from asr.engine.recognizer import EngineRecognizer
+from asr.engine.kyutai import LoadedModel, emit_words_often, engine_from_hf, tiny_hf_model
 from asr.moshi_protocol import Audio, EndWord, MarkerReply, Step, encode_client
 from asr.moshi_protocol import Word as WordMessage
 from asr.moshi_stream import MAX_CHUNK, MoshiEventCore, StreamClock
 from asr.remote import RemoteRecognizer
-from asr.scheduler import EngineScheduler, SchedulerConfig
-from asr.server import AsrServer
+from asr.engine.scheduler import EngineScheduler, SchedulerConfig
+from asr.serving.server import AsrServer
 
 sys.path.insert(0, os.path.dirname(__file__))
 from helpers import StreamEvents, await_until, free_port, kernel_socket_buffer_bytes  # noqa: E402

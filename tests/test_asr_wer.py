@@ -100,7 +100,7 @@ async def test_remote_recognizer_wer_equals_the_in_process_one():
     "5 5." in the other; one word is a point)."""
     from asr import load_recognizer
     from asr.remote import RemoteRecognizer
-    from asr.server import AsrServer, build_recognizer, parse_args
+    from asr.serving.server import AsrServer, build_recognizer, parse_args
 
     local, _ = await stream_wer(load_recognizer())
     service = build_recognizer(parse_args(["--slots", "2"]))

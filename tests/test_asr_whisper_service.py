@@ -22,7 +22,7 @@ import soxr
 import websockets
 
 from asr.moshi_protocol import decode_server
-from asr.server import PATH, AsrServer, build_recognizer, parse_args
+from asr.serving.server import PATH, AsrServer, build_recognizer, parse_args
 from asr.wer import wer
 from helpers import DEV, dev_reference
 
@@ -172,7 +172,7 @@ async def collect_until_marker(session, marker_id: int) -> list:
 
 async def test_flush_ends_the_utterance_and_buffers_stay_bounded():
     from asr.whisper import WhisperRecognizer
-    from asr.whisper_service import WhisperService, WhisperServiceConfig
+    from asr.serving.whisper_service import WhisperService, WhisperServiceConfig
 
     pcm = clip_24k("goforward.wav")[:int(2.1 * RATE)]  # cut 0.2 s after "meters": no pause to end on
     cfg = WhisperServiceConfig(max_sessions=1, buffer_seconds=1.0)
@@ -193,7 +193,7 @@ async def test_flush_ends_the_utterance_and_buffers_stay_bounded():
 
 async def test_injected_vad_that_hears_nothing_gives_no_words_but_the_marker():
     from asr.whisper import WhisperRecognizer
-    from asr.whisper_service import WhisperService, WhisperServiceConfig
+    from asr.serving.whisper_service import WhisperService, WhisperServiceConfig
 
     def deaf_vad():
         pending = [0]

@@ -67,7 +67,7 @@ def test_recognizers_on_gpus_behind_a_headless_service_the_agents_use():
 
 
 def test_autoscalers_use_metrics_the_servers_export():
-    from asr.server import AsrServer
+    from asr.serving.server import AsrServer
 
     agent_hpa = find("HorizontalPodAutoscaler", "duplex-agent")["spec"]["metrics"][0]["pods"]["metric"]["name"]
     asr_hpa = find("HorizontalPodAutoscaler", "duplex-asr")["spec"]["metrics"][0]["pods"]["metric"]["name"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from asr.kyutai import engine_from_hf, tiny_hf_model
+from asr.engine.kyutai import engine_from_hf, tiny_hf_model
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 

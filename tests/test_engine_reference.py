@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from asr.kyutai import engine_from_hf
-from asr.mimi import MimiSpec, MimiStreamingEncoder, _StreamConv
+from asr.engine.kyutai import engine_from_hf
+from asr.engine.mimi import MimiSpec, MimiStreamingEncoder, _StreamConv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -122,7 +122,7 @@ def test_mimi_streaming_equals_full_encode(hf, path):
     (1, 4, 7, 1, 1, True), (4, 2, 3, 1, 2, True), (8, 16, 10, 5, 1, True), (16, 16, 4, 2, 1, False)])
 @pytest.mark.parametrize("path", [p for p in _StreamConv.TORCH_PATHS if p != "onednn"])
 def test_each_conv_path_equals_onednn(cin, cout, k, stride, dilation, bias, path):
-    from asr.mimi import _StreamConv
+    from asr.engine.mimi import _StreamConv
 
     torch.manual_seed(0)
     conv = _StreamConv(3, cin, cout, k, stride=stride, dilation=dilation, bias=bias)

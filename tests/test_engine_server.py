@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import websockets
 
-from asr.kyutai import tiny_random
+from asr.engine.kyutai import tiny_random
 from asr.moshi_protocol import decode_server
-from asr.scheduler import EngineScheduler, SchedulerConfig
-from asr.server import PATH, AsrServer
+from asr.engine.scheduler import EngineScheduler, SchedulerConfig
+from asr.serving.server import PATH, AsrServer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

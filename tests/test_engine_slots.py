@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from asr.engine import StreamingEngine
-from asr.kyutai import engine_from_hf
-from asr.mimi import _StreamConv
+from asr.engine.engine import StreamingEngine
+from asr.engine.kyutai import engine_from_hf
+from asr.engine.mimi import _StreamConv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

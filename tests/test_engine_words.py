@@ -1,6 +1,6 @@
 """Detokenisation with the ASR delay, following moshi-server's word timing."""
 
-from asr.kyutai import WordAssembler, WordEnd, WordStart
+from asr.engine.kyutai import WordAssembler, WordEnd, WordStart
 
 
 def test_words_and_times_with_delay():

@@ -1,4 +1,4 @@
-"""`python -m asr.kyutai --save-tiny DIR`: the tiny random model as a transformers checkpoint, loaded
+"""`python -m asr.engine.kyutai --save-tiny DIR`: the tiny random model as a transformers checkpoint, loaded
 through the same `from_pretrained` path a hub id takes (offline), and served by `asr-serve --model DIR`."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from asr.kyutai import from_pretrained, main, tiny_random
+from asr.engine.kyutai import from_pretrained, main, tiny_random
 from asr.moshi_protocol import Step
-from asr.scheduler import EngineScheduler, SchedulerConfig
-from asr.server import build_recognizer, parse_args
+from asr.engine.scheduler import EngineScheduler, SchedulerConfig
+from asr.serving.server import build_recognizer, parse_args
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -36,6 +36,15 @@ AGENT_ROOMS = {
     "agent.bench": {"agent.conversation", "agent.toolkit", "agent.tracing", "agent.workers", "agent.serving",
                     "agent.pipecat_services"},
 }
+# asr/'s rooms: its top-level modules (the interface, the VAD, the client recognizers and the
+# protocol), then the engine, the server over it, and its benchmark
+ASR_ROOMS = {
+    "asr": set(),
+    "asr.engine": {"asr"},
+    "asr.serving": {"asr", "asr.engine"},
+    "asr.bench": {"asr", "asr.engine", "asr.serving"},
+}
+ROOMS = {**AGENT_ROOMS, **ASR_ROOMS}
 # the top-level packages each may import besides itself (the models and the transports: only themselves)
 MAY_IMPORT = {"agent": {"asr", "llm", "tts", "transport"}, "asr": set(), "llm": set(), "tts": set(),
               "transport": set()}
@@ -73,9 +82,12 @@ def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
 
 
 def _room(module: str) -> str:
-    if module.split(".")[0] != "agent":
-        return module.split(".")[0]
-    return ".".join(module.split(".")[:2])
+    parts = module.split(".")
+    if parts[0] == "agent":
+        return ".".join(parts[:2])
+    if parts[0] == "asr" and len(parts) > 2:
+        return ".".join(parts[:2])
+    return parts[0]
 
 
 def test_each_package_and_room_imports_only_what_it_may():
@@ -85,13 +97,13 @@ def test_each_package_and_room_imports_only_what_it_may():
         room = _room(module)
         for target in targets:
             there = _room(target)
-            if there == room or (module == "agent" and target.startswith("agent.")):
-                continue  # agent/__init__ names the public API (loaded lazily)
+            if there == room or (module in ("agent", "asr") and target.startswith(module + ".")):
+                continue  # a package's __init__ names its public API (loaded lazily)
             top, top_there = room.split(".")[0], there.split(".")[0]
             if top != top_there:
                 ok = top_there in MAY_IMPORT[top]
             else:
-                ok = there in AGENT_ROOMS.get(room, set())
+                ok = there in ROOMS.get(room, set())
             if not ok:
                 wrong.append(f"{module} imports {target}")
     assert not wrong, "\n".join(sorted(wrong))
@@ -99,8 +111,9 @@ def test_each_package_and_room_imports_only_what_it_may():
 
 def test_nothing_of_the_product_imports_a_benchmark():
     graph = _imports(_modules())
-    assert not [m for m, ts in graph.items() if not m.startswith("agent.bench") and m != "agent"
-                and any(t.startswith("agent.bench") for t in ts)]
+    benches = ("agent.bench", "asr.bench")
+    assert not [m for m, ts in graph.items() if not m.startswith(benches) and m not in ("agent", "asr")
+                and any(t.startswith(benches) for t in ts)]
 
 
 def test_no_module_imports_in_a_circle():

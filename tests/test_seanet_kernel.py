@@ -1,4 +1,4 @@
-"""The SEANet C kernel (asr/seanet_kernel.c) computes what the torch paths compute, state included."""
+"""The SEANet C kernel (asr/engine/seanet_kernel.c) computes what the torch paths compute, state included."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from asr import seanet_kernel
-from asr.mimi import _StreamConv
+from asr.engine import seanet_kernel
+from asr.engine.mimi import _StreamConv
 
 
 @pytest.fixture(autouse=True)

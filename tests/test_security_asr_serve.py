@@ -10,9 +10,9 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-import asr.server as asr_server
-from asr.scheduler import NoFreeSlot
-from asr.server import PATH, AsrServer, api_keys, parse_args
+import asr.serving.server as asr_server
+from asr.engine.scheduler import NoFreeSlot
+from asr.serving.server import PATH, AsrServer, api_keys, parse_args
 
 
 class NoSlots:
@@ -90,7 +90,7 @@ async def test_asr_serve_speaks_tls_with_a_certificate_the_test_makes(tmp_path):
 
     from websockets.exceptions import InvalidMessage
 
-    from asr.server import tls_context
+    from asr.serving.server import tls_context
 
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",

@@ -3,7 +3,7 @@ engine slot each, one batched step per frame for all of them, a freed slot reuse
 conversation, a clear refusal beyond the slots, and the words each conversation gets are the
 words the engine gives for that audio alone.
 
-DIR is a tiny random checkpoint written as `python -m asr.kyutai --save-tiny DIR --words` does
+DIR is a tiny random checkpoint written as `python -m asr.engine.kyutai --save-tiny DIR --words` does
 (loaded through `from_pretrained`, as a hub id is); the LLM and voice are test doubles."""
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from agent.conversation.config import Models
 from agent.conversation.listener import Listener, TurnEnded, UserTranscript
 from agent.conversation.session import Session, SessionConfig
 from agent.tracing.trace import NullTracer
-from asr.engine_recognizer import EngineRecognizer
-from asr.kyutai import save_tiny
+from asr.engine.recognizer import EngineRecognizer
+from asr.engine.kyutai import save_tiny
 from doubles import EnergyVAD, ScriptedLLM, ToneVoice, burst
 from helpers import await_until, free_port, page_conversation
 from transport.base import AudioIn
@@ -106,7 +106,7 @@ async def test_conversations_share_the_engine_one_slot_each(checkpoint):
         clients = [asyncio.create_task(talk(port, a, log, hold)) for a, log in zip(audio, logs)]
         assert await await_until(lambda: len(sessions) == SLOTS and all(
             any(e["type"] == "bot_done" for e in log) for log in logs), timeout=60)
-        sched = asr.scheduler
+        sched = asr.engine.scheduler
 
         # each conversation held its own slot
         slots = [s.listener.stream.link.session.slot for s in sessions]
@@ -140,7 +140,7 @@ async def test_conversations_share_the_engine_one_slot_each(checkpoint):
         # a closed conversation's slot goes to the next one
         hold.set()
         await asyncio.gather(*clients)
-        assert await await_until(lambda: not asr.scheduler.sessions, timeout=10)
+        assert await await_until(lambda: not asr.engine.scheduler.sessions, timeout=10)
         again: list[dict] = []
         await asyncio.wait_for(talk(port, clip(9), again), 30)
         assert not [e for e in again if e["type"] == "error"]

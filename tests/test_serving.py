@@ -211,7 +211,7 @@ async def test_a_foreign_origin_is_refused():
 
 async def test_free_recognizer_slots_follow_the_in_process_engine():
     from agent.serving.cli import _engine_of
-    from asr.engine_recognizer import EngineRecognizer
+    from asr.engine.recognizer import EngineRecognizer
 
     engine = EngineRecognizer.load(slots=2)  # tiny random weights: the slots, not the words, matter
     assert _engine_of(ScriptedRecognizer([])) is None

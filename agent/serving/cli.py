@@ -147,7 +147,7 @@ def _policy(args):
 def _engine_of(recognizer):
     """The recognizer if it is the in-process engine, else None. Its module is looked at only if
     loading the models imported it: importing it brings torch (seconds) to every other setup."""
-    module = sys.modules.get("asr.engine_recognizer")
+    module = sys.modules.get("asr.engine.recognizer")
     return recognizer if module is not None and isinstance(recognizer, module.EngineRecognizer) else None
 
 
@@ -321,7 +321,7 @@ def _delegate(module: str, argv: list[str]) -> int:
 # sub-tools with their own argument parsers: the command's words -> (module, how many of the
 # words the module's own parser reads: `load` and `soak` are both bench.load's)
 SUB_TOOLS = {
-    ("asr-serve",): ("asr.server", 0), ("asr-bench",): ("asr.loadbench", 0),
+    ("asr-serve",): ("asr.serving.server", 0), ("asr-bench",): ("asr.bench.load", 0),
     ("trace", "report"): ("agent.tracing.report", 0), ("bench", "latency"): ("agent.bench.latency", 0),
     ("bench", "quality"): ("agent.bench.quality", 0), ("bench", "tools"): ("agent.bench.tools", 0),
     ("bench", "turns"): ("agent.bench.turns", 0), ("bench", "pipecat"): ("agent.bench.pipecat_peer", 0),

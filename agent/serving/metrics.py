@@ -35,7 +35,7 @@ LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class ServerMetrics:
-    """`engine`: the in-process recognizer (asr.engine_recognizer.EngineRecognizer), if one is used."""
+    """`engine`: the in-process recognizer (asr.engine.recognizer.EngineRecognizer), if one is used."""
 
     def __init__(self, engine=None):
         self.registry = CollectorRegistry()

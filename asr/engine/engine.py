@@ -4,7 +4,7 @@ Everything is allocated once for B slots on one device (gpt-fast style static st
 - LM ring-buffer KV, (layers, B, kv_heads, C, head_dim), with C = the attention window;
 - `kpos` (B, C): absolute position of each cached key, -1 = empty;
 - `pos` (B,): absolute position of each slot's next token, `text` (B,): its last text token;
-- the streaming Mimi state (conv left contexts, codec KV, positions), see `asr.mimi`.
+- the streaming Mimi state (conv left contexts, codec KV, positions), see `asr.engine.mimi`.
 
 `step` (one batched step): reset flagged rows; encode one frame per slot (Mimi); embed the
 previous text token plus the frame's audio codes; per layer apply RoPE at each slot's own
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr.mimi import MimiStreamingEncoder, rope
+from asr.engine.mimi import MimiStreamingEncoder, rope
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Mimi codec), so anything transformers can load works here:
   directory holding such a checkpoint; the bare ids `kyutai/stt-1b-en_fr` / `kyutai/stt-2.6b-en`
   (moshi-format repos) are mapped to their `-trfs` twins;
 - `tiny_random(seed)`: a tiny seeded random model for tests and CPU benchmarks. Its output is
-  noise, not speech recognition. `python -m asr.kyutai --save-tiny DIR` writes the same model as
+  noise, not speech recognition. `python -m asr.engine.kyutai --save-tiny DIR` writes the same model as
   a transformers checkpoint (config, weights, processor with a generated tokenizer), so that it
   goes through exactly the `from_pretrained` path a hub id takes, offline.
 """
@@ -20,8 +20,8 @@ from typing import Callable
 
 import torch
 
-from asr.engine import KyutaiLM, LMConfig, StreamingEngine
-from asr.mimi import MimiSpec, MimiStreamingEncoder
+from asr.engine.engine import KyutaiLM, LMConfig, StreamingEngine
+from asr.engine.mimi import MimiSpec, MimiStreamingEncoder
 
 SAMPLE_RATE = 24000
 FRAME_RATE = 12.5
@@ -234,7 +234,7 @@ class WordAssembler:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m asr.kyutai", description="Kyutai STT checkpoint tools.")
+    p = argparse.ArgumentParser(prog="python -m asr.engine.kyutai", description="Kyutai STT checkpoint tools.")
     p.add_argument("--save-tiny", metavar="DIR", required=True,
                    help="write the tiny RANDOM Kyutai STT model (not a speech model) as a transformers "
                         "checkpoint in DIR; `duplex asr-serve --model DIR` serves it")

@@ -27,7 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
-from asr.kyutai import LoadedModel, WordAssembler, WordEnd, WordStart
+from asr.engine.kyutai import LoadedModel, WordAssembler, WordEnd, WordStart
 from asr.moshi_protocol import EndWord, Error, MarkerReply, ServerMessage, Step, Word
 
 
@@ -61,7 +61,7 @@ class RecognizerSession(Protocol):
 
 
 class Recognizer(Protocol):
-    """What `asr.server` serves. The engine scheduler is one; an embedded recognizer can be another."""
+    """What `asr.serving.server` serves. The engine scheduler is one; an embedded recognizer can be another."""
 
     name: str
     sample_rate: int
@@ -315,7 +315,7 @@ class EngineScheduler(ServiceShell):
         self._ready_since: float | None = None  # when a frame first waited for the next step
         self.ticks = 0
         self.step_seconds: deque[float] = deque(maxlen=4096)  # recent step durations
-        self.compute_seconds = 0.0  # all steps' time (asr.server's real-time factor)
+        self.compute_seconds = 0.0  # all steps' time (asr.serving.server's real-time factor)
         self.active_rows: deque[int] = deque(maxlen=4096)  # rows stepped per recent tick: batching achieved
 
     @property

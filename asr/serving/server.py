@@ -2,7 +2,7 @@
 
 Path `/api/asr-streaming`, msgpack frames (asr/PROTOCOL.md), `kyutai-api-key` header (or the
 `auth_id` query parameter, as moshi-server also accepts). It serves any `Recognizer`
-(asr.scheduler): by default the embedded Whisper recognizer (whisper-tiny.en, a real speech
+(asr.engine.scheduler): by default the embedded Whisper recognizer (whisper-tiny.en, a real speech
 model that works offline), or the batched Kyutai engine with `--model`: a Kyutai STT checkpoint
 (hub id, needs internet, or a local directory) or `tiny-random` (random weights, NOT a speech
 model: for trying the plumbing).
@@ -63,7 +63,7 @@ from asr.moshi_protocol import (
     decode_client,
     encode_server,
 )
-from asr.scheduler import NoFreeSlot, Recognizer, SessionClosed
+from asr.engine.scheduler import NoFreeSlot, Recognizer, SessionClosed
 
 PATH = "/api/asr-streaming"
 DEFAULT_API_KEYS = ("public_token",)  # moshi-server's well-known key: on loopback only
@@ -342,15 +342,15 @@ def build_recognizer(args) -> Recognizer:
     model = args.model or DEFAULT_MODEL
     if model in EMBEDDED:
         from asr.whisper import WhisperRecognizer
-        from asr.whisper_service import WhisperService, WhisperServiceConfig
+        from asr.serving.whisper_service import WhisperService, WhisperServiceConfig
 
         cfg = WhisperServiceConfig(max_sessions=args.slots, buffer_seconds=args.buffer_seconds,
                                    admission_wait_s=args.admission_wait, idle_timeout_s=args.idle_timeout,
                                    max_session_s=args.max_session)
         return WhisperService(WhisperRecognizer.load(model), cfg)
 
-    from asr.kyutai import from_pretrained, tiny_random
-    from asr.scheduler import EngineScheduler, SchedulerConfig
+    from asr.engine.kyutai import from_pretrained, tiny_random
+    from asr.engine.scheduler import EngineScheduler, SchedulerConfig
 
     if model == TINY_RANDOM:
         loaded = tiny_random(args.slots, seed=0, device=args.device, compile=args.compile,
@@ -372,7 +372,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         epilog="With no --model it serves the embedded Whisper tiny.en (offline; segmented by Silero VAD, "
                "so words come at utterance ends). Kyutai STT: --model kyutai/stt-1b-en_fr (downloads from "
                "the Hugging Face hub: needs internet once) or --model DIR (a saved checkpoint, offline). "
-               "--model tiny-random, or a directory written by `python -m asr.kyutai --save-tiny DIR`, "
+               "--model tiny-random, or a directory written by `python -m asr.engine.kyutai --save-tiny DIR`, "
                "serves random weights: the plumbing works, the words are noise. Protocol: asr/PROTOCOL.md.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)

@@ -1,7 +1,7 @@
 """The embedded Whisper recognizer behind the moshi-server protocol (`duplex asr-serve --model whisper-tiny.en`).
 
-Implements the scheduler's `Recognizer` / `RecognizerSession` hooks (asr.scheduler) for
-`asr.whisper.WhisperRecognizer`, so `asr.server.AsrServer` serves it unchanged:
+Implements the scheduler's `Recognizer` / `RecognizerSession` hooks (asr.engine.scheduler) for
+`asr.whisper.WhisperRecognizer`, so `asr.serving.server.AsrServer` serves it unchanged:
 
 - input: float32 PCM at 24 kHz, resampled to 16 kHz by a streaming soxr resampler (its output
   is aligned with its input, so the 16 kHz sample count is the stream clock);
@@ -38,7 +38,7 @@ import numpy as np
 import soxr
 
 from asr.moshi_protocol import EndWord, MarkerReply, ServerMessage, Step, Word
-from asr.scheduler import BufferedSession, ServiceShell
+from asr.engine.scheduler import BufferedSession, ServiceShell
 from asr.vad import SileroVAD
 from asr.whisper import SAMPLE_RATE as WHISPER_RATE
 from asr.whisper import UtteranceDecoder, WhisperRecognizer
@@ -235,7 +235,7 @@ class WhisperSession(BufferedSession):
 
 
 class WhisperService(ServiceShell):
-    """Serves `WhisperRecognizer` streams; implements `asr.scheduler.Recognizer`."""
+    """Serves `WhisperRecognizer` streams; implements `asr.engine.scheduler.Recognizer`."""
 
     sample_rate = IN_RATE
 
@@ -248,7 +248,7 @@ class WhisperService(ServiceShell):
         self._sessions: list[WhisperSession] = []
         self._freed = asyncio.Event()
         self._executor = ThreadPoolExecutor(max(1, self.config.workers), thread_name_prefix="asr-whisper")
-        self.compute_seconds = 0.0  # worker time on stream audio (asr.server's real-time factor)
+        self.compute_seconds = 0.0  # worker time on stream audio (asr.serving.server's real-time factor)
         self.audio_seconds = 0.0  # stream audio that went through it, summed over streams
         self._stats_lock = threading.Lock()
 

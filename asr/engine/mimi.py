@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr import seanet_kernel
+from asr.engine import seanet_kernel
 
 
 @dataclass(frozen=True)

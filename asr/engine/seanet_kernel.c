@@ -1,6 +1,6 @@
 /* One streaming step of a causal Conv1d for a batch of slots, with the ELU before it, its
  * left-context state and the residual add after it fused in: the CPU kernel of Mimi's SEANet
- * encoder (asr/mimi.py, paths "c-rows" and "c-dots"). Built and loaded by asr/seanet_kernel.py.
+ * encoder (asr/engine/mimi.py, paths "c-rows" and "c-dots"). Built and loaded by asr/engine/seanet_kernel.py.
  *
  * For each slot b (split over OpenMP threads):
  *   inp  = [state[b] | elu(x[b])]                 (cin, pad + L), ELU only when `elu` is set

@@ -169,9 +169,9 @@ async def load_test(args) -> int:
     stack = contextlib.AsyncExitStack()
     url, delay = args.url, args.delay_frames
     if url is None:
-        from asr.kyutai import from_pretrained, tiny_random
-        from asr.scheduler import EngineScheduler, SchedulerConfig
-        from asr.server import PATH, AsrServer
+        from asr.engine.kyutai import from_pretrained, tiny_random
+        from asr.engine.scheduler import EngineScheduler, SchedulerConfig
+        from asr.serving.server import PATH, AsrServer
 
         tune = args.tune_convs
         loaded = (from_pretrained(args.model, args.clients, device=args.device, tune_convs=tune)
@@ -302,8 +302,8 @@ async def scheduler_run(n: int, seconds: float, speed: float = 1.0, phase: str =
     the tiny random engine. `phase`: `aligned` (every frame of every conversation is due at the
     same instants) or `spread` (conversation i starts i/N of a frame later, as callers who
     started at unrelated times do)."""
-    from asr.kyutai import tiny_random
-    from asr.scheduler import EngineScheduler, SchedulerConfig
+    from asr.engine.kyutai import tiny_random
+    from asr.engine.scheduler import EngineScheduler, SchedulerConfig
 
     sched = EngineScheduler(tiny_random(n, device=device, tune_convs=tune_convs), SchedulerConfig())
     audios = [synthetic_audio(seconds, i) for i in range(n)]
@@ -354,7 +354,7 @@ def engine_throughput(sizes: list[int], steps: int, threads: int | None, hidden:
                       compile: bool = False, tune_convs: bool = True) -> int:
     import torch
 
-    from asr.kyutai import engine_from_hf, tiny_hf_model
+    from asr.engine.kyutai import engine_from_hf, tiny_hf_model
 
     if threads:
         torch.set_num_threads(threads)
@@ -418,7 +418,7 @@ def engine_throughput(sizes: list[int], steps: int, threads: int | None, hidden:
 def memory_hour(steps: int, every: int) -> list[tuple[int, float]]:
     import torch
 
-    from asr.kyutai import engine_from_hf, tiny_hf_model
+    from asr.engine.kyutai import engine_from_hf, tiny_hf_model
 
     torch.set_num_threads(1)
     # tuned convs, as `duplex asr-serve` runs by default on CPU (the C kernel where it wins)
@@ -440,9 +440,9 @@ async def memory_flood(audio_seconds: float, speed: float) -> list[tuple[float, 
     import msgpack
     import websockets
 
-    from asr.kyutai import tiny_random
-    from asr.scheduler import EngineScheduler, SchedulerConfig
-    from asr.server import PATH, AsrServer
+    from asr.engine.kyutai import tiny_random
+    from asr.engine.scheduler import EngineScheduler, SchedulerConfig
+    from asr.serving.server import PATH, AsrServer
 
     sched = EngineScheduler(tiny_random(2, tune_convs=True), SchedulerConfig())
     out = []

@@ -1,7 +1,7 @@
 """The batched Kyutai engine in this process, as a `StreamingRecognizer`.
 
 One `EngineScheduler` serves every conversation of the process: one slot per stream, and every
-active slot advances in the same batched step (asr.scheduler). A stream is an `EngineSession`
+active slot advances in the same batched step (asr.engine.scheduler). A stream is an `EngineSession`
 seen through the shared Kyutai-message stream (asr.moshi_stream), so in-process and remote
 streams behave alike. The scheduler's tick loop starts lazily on the loop that opens the first
 stream (it runs the model on its own one-thread executor, never on asyncio's default one).
@@ -16,10 +16,10 @@ import os
 import numpy as np
 
 from asr.base import RecognizerUnavailable
-from asr.kyutai import FRAME_RATE, LoadedModel
+from asr.engine.kyutai import FRAME_RATE, LoadedModel
 from asr.moshi_protocol import ServerMessage
 from asr.moshi_stream import LinkLost, MoshiStream
-from asr.scheduler import EngineScheduler, EngineSession, NoFreeSlot, SchedulerConfig, SessionClosed
+from asr.engine.scheduler import EngineScheduler, EngineSession, NoFreeSlot, SchedulerConfig, SessionClosed
 
 TINY_RANDOM = "tiny-random"
 
@@ -61,7 +61,7 @@ class EngineLink:
 class EngineRecognizer:
     """The engine's slots as streams; `RecognizerUnavailable` when all are taken.
 
-    `model`: a loaded Kyutai model (asr.kyutai: `tiny_random`, `from_pretrained`); its engine's
+    `model`: a loaded Kyutai model (asr.engine.kyutai: `tiny_random`, `from_pretrained`); its engine's
     batch size is the number of slots. Use one per process (`load_recognizer` caches it)."""
 
     sample_rate = 24000
@@ -82,7 +82,7 @@ class EngineRecognizer:
              compile: bool = False, tune_convs: bool | None = None, **config) -> EngineRecognizer:
         """`tiny-random` (random weights: plumbing only), a Kyutai STT hub id (needs internet) or a
         local transformers checkpoint directory. `config`: `SchedulerConfig` fields."""
-        from asr.kyutai import from_pretrained, tiny_random
+        from asr.engine.kyutai import from_pretrained, tiny_random
 
         if tune_convs is None:  # timing the convs pays off for real models on a CPU only
             tune_convs = device == "cpu" and name != TINY_RANDOM

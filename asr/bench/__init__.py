@@ -1,0 +1,1 @@
+"""`duplex asr-bench`: load clients and engine benchmarks. Nothing else imports it."""
