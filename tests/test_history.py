@@ -46,3 +46,19 @@ def test_history_cuts_back_to_half_and_never_starts_with_an_answer():
     assert hist.messages[-1] == {"role": "assistant", "content": "hello"}
     assert hist.prompt("sys", "q")[0] == {"role": "system", "content": "sys"}
     assert hist.prompt("sys", "q")[-1] == {"role": "user", "content": "q"}
+
+
+def test_a_history_of_the_bot_alone_keeps_its_last_words_when_cut():
+    """`say` after `say` with no user between: the cut keeps the latest of them (an orphaned tool
+    result never opens the context)."""
+    hist = History(max_messages=4)
+    for i in range(5):
+        hist.remember("", f"notice {i}")
+    assert [m["content"] for m in hist.messages] == ["notice 3", "notice 4"]
+    hist = History(max_messages=4)
+    hist.remember("", "first")
+    hist.remember("", "second")
+    hist.remember_reply("", [{"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]},
+                             {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+                             {"role": "assistant", "content": "done"}])  # cut to [result, "done"]
+    assert [m["role"] for m in hist.messages] == ["assistant"] and hist.messages[0]["content"] == "done"

@@ -81,13 +81,20 @@ class History:
             task.add_done_callback(functools.partial(_fill, message))
             self.waiting.append(task)
         if len(self.messages) > self.max_messages:
-            keep = self.max_messages // 2
-            del self.messages[:len(self.messages) - keep]
-            # start at a user's turn: never with an answer, nor a tool result without its call
-            while self.messages and self.messages[0]["role"] != "user":
-                del self.messages[0]
+            del self.messages[:self._cut_at(len(self.messages) - self.max_messages // 2)]
         if self.on_new_prefix is not None:
             self.on_new_prefix()
+
+    def _cut_at(self, cut: int) -> int:
+        """Where the context starts once cut back to the messages from `cut` on: at a user's
+        turn, never at an answer nor a tool result without its call (the last user's turn when
+        none is left after `cut`); where the bot alone spoke (`say` after `say`), at an answer."""
+        users = [i for i, m in enumerate(self.messages) if m["role"] == "user"]
+        if users:
+            return next((i for i in users if i >= cut), users[-1])
+        while cut < len(self.messages) and self.messages[cut]["role"] != "assistant":
+            cut += 1
+        return cut
 
     async def settle(self) -> None:
         """Until every tool result the history waits for has come."""
