@@ -322,11 +322,16 @@ async def test_bad_arguments_and_unknown_tools_are_answered_to_the_model(tmp_pat
         return "set"
 
     script = Script(["wake me"], lambda user: [call("set_alarm", hour="noonish"), call("launch_rocket")])
-    session, wav, llm, *_ = await converse(tmp_path, [turn(spoken())], script,
-                                           Agent(tools=[set_alarm], tool_policy=QUICK))
+    session, wav, llm, _, seen = await converse(tmp_path, [turn(spoken())], script,
+                                                Agent(tools=[set_alarm], tool_policy=QUICK),
+                                                events=[ToolCallStarted, ToolCallFinished])
     bad, unknown = (json.loads(m["content"])["error"] for m in tool_messages(llm.requests[1]))
     assert "invalid arguments" in bad and "hour" in bad
     assert "no tool named 'launch_rocket'" in unknown
+    # a program hears of every call, the unknown one too
+    finished = {e.name: e.status for e in seen if isinstance(e, ToolCallFinished)}
+    assert finished == {"set_alarm": "error", "launch_rocket": "error"}
+    assert {e.name for e in seen if isinstance(e, ToolCallStarted)} == {"set_alarm", "launch_rocket"}
 
 
 async def test_the_step_limit_ends_the_tool_rounds_with_an_answer(tmp_path):

@@ -141,14 +141,20 @@ class ReplyTools:
 
     async def _execute(self, call: ToolCall) -> str:
         tool = self.tools.get(call.name)
+        refusal = None
         if tool is None:
             known = ", ".join(self.tools) or "none"
-            return _error(f"there is no tool named {call.name!r} (the tools are: {known})"
-                          if call.name else f"malformed tool call: {call.arguments[:200]}")
-        try:
-            args = call.args()
-        except ValueError as e:
-            return _error(f"the arguments are not a JSON object: {e}")
+            refusal = (f"there is no tool named {call.name!r} (the tools are: {known})"
+                       if call.name else f"malformed tool call: {call.arguments[:200]}")
+        else:
+            try:
+                args = call.args()
+            except ValueError as e:
+                refusal = f"the arguments are not a JSON object: {e}"
+        if refusal is not None:  # answered to the model, and told to the program like any call
+            self._notify(ToolCallStarted(self.turn, call.id, call.name, {}))
+            self._notify(ToolCallFinished(self.turn, call.id, call.name, "error", _error(refusal)))
+            return _error(refusal)
         ctx = RunContext(call.id, tool.name, self.turn, self._session)
         timeout = tool.timeout_s if tool.timeout_s is not None else self.policy.timeout_s
         span = self.tracer.begin(Stage.TOOL, Ev.TOOL_CALL, turn=self.turn, tool=tool.name,
