@@ -50,10 +50,9 @@ from asr.base import (
     Word,
     WordEvent,
 )
-from asr.moshi_protocol import EndWord, Error, MarkerReply, ServerMessage, Step
+from asr.moshi_protocol import SAMPLE_RATE, EndWord, Error, MarkerReply, ServerMessage, Step
 from asr.moshi_protocol import Word as WordMessage
 
-SAMPLE_RATE = 24000
 FRAME_SIZE = 1920  # 80 ms: one model step
 MAX_CHUNK = 12 * FRAME_SIZE  # samples per message/feed call (about 1 s)
 DEFAULT_FLUSH_MARGIN_FRAMES = 2  # audio past `until_s` before the marker: trailing text tokens close

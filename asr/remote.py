@@ -48,6 +48,7 @@ from websockets.exceptions import (
 
 from asr.base import Gap, RecognizerFailed, RecognizerUnavailable
 from asr.moshi_protocol import (
+    SAMPLE_RATE,
     Audio,
     Error,
     Marker,
@@ -218,7 +219,7 @@ class RemoteRecognizer:
     `resolve(host, port)`: the addresses of a URL's host name (default: getaddrinfo); a test
     or a service registry can put its own in."""
 
-    sample_rate = 24000
+    sample_rate = SAMPLE_RATE
 
     def __init__(self, urls: str | Sequence[str], api_key: str | None = None, *, delay_s: float = DEFAULT_DELAY_S,
                  open_timeout_s: float = 5.0, reconnect_timeout_s: float = 10.0, shuffle: bool = True,

@@ -27,7 +27,7 @@ def test_the_memory_flood_at_full_speed_is_held_at_the_servers_cap():
     buffer fills to its cap and no further (the client's sends wait)."""
     import asyncio
 
-    from asr.bench.load import SR, memory_flood
+    from asr.bench.load import SAMPLE_RATE as SR, memory_flood
 
     samples = asyncio.run(memory_flood(60, 0))
     buffered = [b for *_, b in samples]

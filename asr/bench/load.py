@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SR = 24000
+from asr.moshi_protocol import SAMPLE_RATE
+
 FRAME = 1920
 
 
@@ -92,16 +93,16 @@ def load_audio(path: str) -> np.ndarray:
 
     pcm, sr = sf.read(path, dtype="float32", always_2d=True)
     pcm = pcm.mean(axis=1)
-    if sr != SR:
+    if sr != SAMPLE_RATE:
         import soxr
 
-        pcm = soxr.resample(pcm, sr, SR).astype(np.float32)
+        pcm = soxr.resample(pcm, sr, SAMPLE_RATE).astype(np.float32)
     return pcm
 
 
 def synthetic_audio(seconds: float, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * SR)) / SR
+    t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
     return (0.2 * np.sin(2 * np.pi * (180 + 20 * seed) * t) + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
 
 
@@ -111,7 +112,7 @@ async def run_client(url: str, api_key: str, pcm: np.ndarray, speed: float, dela
     import msgpack
     import websockets
 
-    res = ClientResult(audio_s=pcm.size / SR)
+    res = ClientResult(audio_s=pcm.size / SAMPLE_RATE)
     tail = np.zeros((delay_frames + 4) * FRAME, np.float32)
     async with websockets.connect(url, additional_headers={"kyutai-api-key": api_key},
                                   max_size=None, close_timeout=1) as ws:
@@ -124,7 +125,7 @@ async def run_client(url: str, api_key: str, pcm: np.ndarray, speed: float, dela
         async def send():
             for i in range(0, pcm.size, chunk):
                 if speed > 0:
-                    due = t0 + (i + chunk) / SR / speed  # only send audio a microphone would have
+                    due = t0 + (i + chunk) / SAMPLE_RATE / speed  # only send audio a microphone would have
                     await asyncio.sleep(max(0.0, due - time.perf_counter()))
                 await ws.send(msgpack.packb({"type": "Audio", "pcm": pcm[i:i + chunk].tolist()},
                                             use_single_float=True))
@@ -259,14 +260,14 @@ class SchedulerRun:
 async def _conversation(sched, pcm: np.ndarray, t0: float, offset: float, speed: float,
                         latencies: list[float]) -> None:
     """Feed whole frames as a microphone would deliver them, flush, and read until the last Step."""
-    from asr.moshi_protocol import Step
+    from asr.moshi_protocol import SAMPLE_RATE, Step
 
     session = await sched.open_session()
     frames = pcm.size // FRAME
     last_step = frames + sched.model.asr_delay_frames + sched.config.flush_extra_frames
 
     def due(k: int) -> float:  # when frame k (1-based) has been spoken
-        return t0 + offset + k * FRAME / SR / speed
+        return t0 + offset + k * FRAME / SAMPLE_RATE / speed
 
     async def read() -> None:
         while True:
@@ -307,7 +308,7 @@ async def scheduler_run(n: int, seconds: float, speed: float = 1.0, phase: str =
 
     sched = EngineScheduler(tiny_random(n, device=device, tune_convs=tune_convs), SchedulerConfig())
     audios = [synthetic_audio(seconds, i) for i in range(n)]
-    frame_s = FRAME / SR / speed if speed > 0 else 0.0
+    frame_s = FRAME / SAMPLE_RATE / speed if speed > 0 else 0.0
     latencies: list[float] = []
     async with sched:
         t0 = time.perf_counter()
@@ -323,7 +324,7 @@ async def scheduler_run(n: int, seconds: float, speed: float = 1.0, phase: str =
                 await talks
             raise RuntimeError("the scheduler's tick loop ended") from ticking.exception()
         await talks
-    return SchedulerRun(n=n, audio_s=(audios[0].size // FRAME) * FRAME / SR, step_seconds=list(sched.step_seconds),
+    return SchedulerRun(n=n, audio_s=(audios[0].size // FRAME) * FRAME / SAMPLE_RATE, step_seconds=list(sched.step_seconds),
                         active_rows=list(sched.active_rows), frame_latencies=latencies)
 
 
@@ -483,7 +484,7 @@ def memory_mode(args) -> int:
     base = flood[min(2, len(flood) - 1)][1]
     print("  t s: RSS MiB / buffered samples  " + ", ".join(f"{t:.0f}: {r:.1f}/{b}" for t, r, b in flood))
     print(f"  RSS growth after warm-up: {flood[-1][1] - base:+.2f} MiB (max {max(r for _, r, _ in flood) - base:+.2f});"
-          f" max buffered {max(b for *_, b in flood)} samples (cap {10 * SR})")
+          f" max buffered {max(b for *_, b in flood)} samples (cap {10 * SAMPLE_RATE})")
     return 0
 
 

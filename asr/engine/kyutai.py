@@ -22,8 +22,8 @@ import torch
 
 from asr.engine.engine import KyutaiLM, LMConfig, StreamingEngine
 from asr.engine.mimi import MimiSpec, MimiStreamingEncoder
+from asr.moshi_protocol import SAMPLE_RATE  # the model's rate, which the protocol carries
 
-SAMPLE_RATE = 24000
 FRAME_RATE = 12.5
 WORD_BOUNDARY_TOKEN = 0  # Kyutai STT emits text token 0 where a new word starts
 TEXT_PAD_TOKEN = 3  # and token 3 as padding between words

@@ -17,7 +17,7 @@ import numpy as np
 
 from asr.base import RecognizerUnavailable
 from asr.engine.kyutai import FRAME_RATE, LoadedModel
-from asr.moshi_protocol import ServerMessage
+from asr.moshi_protocol import SAMPLE_RATE, ServerMessage
 from asr.moshi_stream import LinkLost, MoshiStream
 from asr.engine.scheduler import EngineScheduler, EngineSession, NoFreeSlot, SchedulerConfig, SessionClosed
 
@@ -64,7 +64,7 @@ class EngineRecognizer:
     `model`: a loaded Kyutai model (asr.engine.kyutai: `tiny_random`, `from_pretrained`); its engine's
     batch size is the number of slots. Use one per process (`load_recognizer` caches it)."""
 
-    sample_rate = 24000
+    sample_rate = SAMPLE_RATE
 
     def __init__(self, model: LoadedModel, config: SchedulerConfig | None = None, *,
                  flush_margin_frames: int | None = None, events_max: int = 512):

@@ -28,7 +28,7 @@ from typing import Protocol
 import numpy as np
 
 from asr.engine.kyutai import LoadedModel, WordAssembler, WordEnd, WordStart
-from asr.moshi_protocol import EndWord, Error, MarkerReply, ServerMessage, Step, Word
+from asr.moshi_protocol import SAMPLE_RATE, EndWord, Error, MarkerReply, ServerMessage, Step, Word
 
 
 class NoFreeSlot(RuntimeError):
@@ -82,7 +82,7 @@ class SchedulerConfig:
     # a frame waits at most this long for the frames of the other streams arriving in real time,
     # so that they share one batched step per frame instead of each stepping alone (0: never)
     batch_wait_s: float = 0.08
-    sample_rate: int = 24000
+    sample_rate: int = SAMPLE_RATE
 
 
 class BufferedSession:

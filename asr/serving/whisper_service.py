@@ -37,13 +37,13 @@ from dataclasses import dataclass
 import numpy as np
 import soxr
 
+from asr.moshi_protocol import SAMPLE_RATE as IN_RATE
 from asr.moshi_protocol import EndWord, MarkerReply, ServerMessage, Step, Word
 from asr.engine.scheduler import BufferedSession, ServiceShell
 from asr.vad import SileroVAD
 from asr.whisper import SAMPLE_RATE as WHISPER_RATE
 from asr.whisper import UtteranceDecoder, WhisperRecognizer
 
-IN_RATE = 24000
 STEP_IN = 1920  # 80 ms at 24 kHz: one moshi step
 STEP_16K = STEP_IN * WHISPER_RATE // IN_RATE  # 1280
 VAD_WINDOW = 512  # Silero's window at 16 kHz (32 ms)
