@@ -62,7 +62,7 @@ DEV_CLIPS = ["goforward.wav", "sense_and_sensibility_01_austen_64kb-0880.wav", "
 
 def default_dev_dir() -> Path:
     """`shared/speech/dev` in the directory next to the repository root (as tests/helpers.py)."""
-    return Path(__file__).resolve().parents[1].parent / "shared" / "speech" / "dev"
+    return Path(__file__).resolve().parents[2].parent / "shared" / "speech" / "dev"
 
 
 def speech_end_offset(pcm: np.ndarray, rate: int, threshold: float = END_THRESHOLD,

@@ -46,7 +46,7 @@ QUIET_S = 1.5  # the reply is over: its text came, and no audio for this long
 QUESTIONS = LATENCY_QUESTIONS + ["How many days are there in a week?"]
 WARMUP = "Hello, can you hear me?"
 STACKS = ("duplex", "pipecat")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
