@@ -23,9 +23,12 @@ async def test_sigterm_lets_the_live_conversation_finish_refuses_new_ones_and_ex
         log: list[dict] = []
         hold = asyncio.Event()
         talking = asyncio.create_task(page_conversation(url, question, RATE, log=log, hold=hold, timeout=60))
-        # the question is being heard: the conversation is live
-        await await_until(lambda: any(e["type"] == "partial" for e in log) or talking.done(), timeout=15)
-        assert any(e["type"] == "partial" for e in log), log
+        # the question is being heard (a partial), or was (its turn ended before a partial came, on
+        # a busy machine): the conversation is live, its answer not yet given
+        live = ("partial", "endpoint")
+        await await_until(lambda: any(e["type"] in live for e in log) or talking.done(), timeout=30)
+        assert any(e["type"] in live for e in log), log
+        assert not any(e["type"] == "bot_done" for e in log), "answered before the drain began"
         proc.send_signal(signal.SIGTERM)
         for _ in range(100):  # the signal is handled on the server's loop: soon, not at once
             status, _, body = await get(port, "/readyz")
