@@ -106,7 +106,7 @@ async def test_conversations_share_the_engine_one_slot_each(checkpoint):
         clients = [asyncio.create_task(talk(port, a, log, hold)) for a, log in zip(audio, logs)]
         assert await await_until(lambda: len(sessions) == SLOTS and all(
             any(e["type"] == "bot_done" for e in log) for log in logs), timeout=60)
-        sched = asr.engine.scheduler
+        sched = asr.scheduler
 
         # each conversation held its own slot
         slots = [s.listener.stream.link.session.slot for s in sessions]
@@ -140,7 +140,7 @@ async def test_conversations_share_the_engine_one_slot_each(checkpoint):
         # a closed conversation's slot goes to the next one
         hold.set()
         await asyncio.gather(*clients)
-        assert await await_until(lambda: not asr.engine.scheduler.sessions, timeout=10)
+        assert await await_until(lambda: not asr.scheduler.sessions, timeout=10)
         again: list[dict] = []
         await asyncio.wait_for(talk(port, clip(9), again), 30)
         assert not [e for e in again if e["type"] == "error"]
