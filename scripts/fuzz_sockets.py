@@ -1480,6 +1480,7 @@ async def doubles_server(port: int, audiosocket_port: int | None, max_sessions: 
     from doubles import EnergyVAD, ScriptedLLM, ScriptedRecognizer, ToneVoice
 
     from agent.conversation.config import Models, SessionConfig
+    from agent.conversation.endpointing import SilencePolicy
     from agent.serving.holding import HoldingPolicy
     from agent.serving.load import LoadPolicy
     from agent.serving.server import ServeConfig, Server
