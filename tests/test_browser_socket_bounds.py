@@ -126,8 +126,11 @@ def test_a_peer_that_stops_reading_gets_the_socket_closed_with_the_reason(tmp_pa
         closed = next(m for m in page.evaluate("window.got") if m["type"] == "closed")
         browser.close()
     assert closed["reason"] == "the connection is not keeping up with the microphone"
-    # closed once the cap (256 KiB, ~8 s of audio) unread was passed, not before
-    assert 256 * 1024 // 640 < sent < 4 * 256 * 1024 // 640, sent
+    # closed once the cap (256 KiB, ~8 s of audio) unread was passed, not before and not after:
+    # the worker's own count (the page's loop may run ahead of the worker on a busy machine)
+    cap = 256 * 1024
+    assert cap < closed["sent"] <= cap + 640, closed
+    assert sent == -1 or sent > cap // 640, sent
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs chromium")

@@ -7,7 +7,7 @@
 //
 // From the page: {type: "open", url, page_origin}, {type: "mic", port}, {type: "player", port},
 // {type: "send", text}, {type: "ping"}, {type: "seen", n} (it handled n more messages).
-// To the page: {type: "open"}, {type: "error"}, {type: "closed", reason}, {type: "event", m, t}
+// To the page: {type: "open"}, {type: "error"}, {type: "closed", reason, sent?}, {type: "event", m, t}
 // (the server's JSON; an endpoint gets `speech_end_page_ms`, when the user's last sample of
 // speech was captured, on the page's clock), {type: "audio", id, samples, t}, {type: "player",
 // m, t} (the player's events; a start has been reported to the server), {type: "lost", n} (a
@@ -101,7 +101,7 @@ function sendFrame(pcm) {
     // told now: the close frame waits behind the rest, and its event may come much later
     closeReason = "the connection is not keeping up with the microphone";
     ws.close(4000, closeReason);
-    toPage({ type: "closed", reason: closeReason });
+    toPage({ type: "closed", reason: closeReason, sent: bytesSent });
     return;
   }
   frameTimes[framesSent % FRAME_RING] = now();
