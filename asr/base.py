@@ -26,6 +26,12 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+# The rate the speech models here hear: Silero VAD, Whisper, and the end-of-turn model (Whisper's
+# features); Kyutai's hear 24 kHz (asr.moshi_protocol.SAMPLE_RATE). transport.audio.INPUT_RATE is
+# the same number for the transports, which may not import asr (tests/test_constants.py holds
+# them equal).
+SPEECH_RATE = 16000
+
 
 @dataclass(frozen=True)
 class Word:

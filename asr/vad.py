@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from asr.base import SPEECH_RATE
+
 FRAME = 512  # samples per Silero window at 16 kHz (32 ms)
 CONTEXT = 64
-SAMPLE_RATE = 16000
 
 
 def pipecat_asset(*parts: str) -> Path:
@@ -54,7 +55,7 @@ class SileroStream:
 
     def __init__(self, model: SileroVAD):
         self._run = model.session.run
-        self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
+        self._sr = np.array(SPEECH_RATE, dtype=np.int64)
         self._pending = np.zeros(0, dtype=np.float32)  # < 512 samples
         self.reset()
 

@@ -43,9 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-from asr.base import Hypothesis, Word
+from asr.base import SPEECH_RATE, Hypothesis, Word
 
-SAMPLE_RATE = 16000
 EMBEDDED = {"whisper-tiny.en", "tiny.en"}
 MAX_COMPRESSION_RATIO = 2.4  # Whisper's threshold for a repetitive (hallucinated) hypothesis
 NO_SPEECH_THRESHOLD = 0.6  # Whisper's rule: "no speech" this likely and a low average log-prob
@@ -86,7 +85,7 @@ class WhisperOptions:
 
 
 class WhisperRecognizer:
-    sample_rate = SAMPLE_RATE
+    sample_rate = SPEECH_RATE
 
     def __init__(self, model, options: WhisperOptions | None = None, name: str = "whisper"):
         self.model = model
@@ -131,7 +130,7 @@ class WhisperRecognizer:
         """Decode one buffer of float32 16 kHz audio. Blocking. `keep_going` is asked before the
         decode and again after the encoder (about half of it); when it says no, the decode is
         abandoned and None is returned. `beam_size` defaults to the options' (partials')."""
-        if audio.size < SAMPLE_RATE // 10:
+        if audio.size < SPEECH_RATE // 10:
             return "", ()
         beam = self.options.beam_size if beam_size is None else beam_size
         with self._lock:
@@ -185,7 +184,7 @@ class WhisperRecognizer:
             return result, tokens, tok.decode(tokens).strip()
 
         result, tokens, text = generate([], beam_size)
-        if audio.size <= HUM_RETRY_MAX_S * SAMPLE_RATE:  # the encoder's output is reused
+        if audio.size <= HUM_RETRY_MAX_S * SPEECH_RATE:  # the encoder's output is reused
             greedy = result if beam_size == 1 else generate([], 1)[0]
             if greedy.scores[0] < HUM_RETRY_LOGPROB:
                 hum = generate([tok.sot_prev, *tok.encode(HUM_PROMPT)], 1)
@@ -244,7 +243,7 @@ def _probe_decode(model) -> float:
     from faster_whisper.tokenizer import Tokenizer
 
     tok = Tokenizer(model.hf_tokenizer, model.model.is_multilingual, task="transcribe", language="en")
-    noise = np.random.default_rng(0).standard_normal(3 * SAMPLE_RATE).astype(np.float32) * 0.01
+    noise = np.random.default_rng(0).standard_normal(3 * SPEECH_RATE).astype(np.float32) * 0.01
     feats = model.feature_extractor(noise)
     x = np.zeros((feats.shape[0], 1300), dtype=np.float32)
     x[:, :feats.shape[-1]] = feats
@@ -273,7 +272,7 @@ def drop_repeated_tail(tokens: list[int], min_span: int = 4) -> list[int]:
 def _token_budget(audio: np.ndarray) -> int:
     """Most tokens one decode may generate: nobody says more than ~12 tokens a second, and a
     looping hypothesis must not run to Whisper's 448 (seconds of CPU on noise)."""
-    return min(440, int(16 + 12 * audio.size / SAMPLE_RATE))
+    return min(440, int(16 + 12 * audio.size / SPEECH_RATE))
 
 
 class UtteranceDecoder:
@@ -281,9 +280,9 @@ class UtteranceDecoder:
 
     def __init__(self, recognizer: WhisperRecognizer):
         self.recognizer = recognizer
-        self.sample_rate = SAMPLE_RATE
+        self.sample_rate = SPEECH_RATE
         opts = recognizer.options
-        self._buf = np.zeros(int(opts.max_utterance_s * SAMPLE_RATE), dtype=np.float32)
+        self._buf = np.zeros(int(opts.max_utterance_s * SPEECH_RATE), dtype=np.float32)
         self._n = 0
         self._decoded_at = 0
         self._previous: list[str] = []
@@ -293,7 +292,7 @@ class UtteranceDecoder:
 
     @property
     def buffered_seconds(self) -> float:
-        return self._n / SAMPLE_RATE
+        return self._n / SPEECH_RATE
 
     @property
     def decoded_samples(self) -> int:
@@ -306,7 +305,7 @@ class UtteranceDecoder:
 
     @property
     def capacity_seconds(self) -> float:
-        return self._buf.size / SAMPLE_RATE
+        return self._buf.size / SPEECH_RATE
 
     def push(self, pcm: np.ndarray) -> None:
         pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
@@ -321,7 +320,7 @@ class UtteranceDecoder:
         `keep_going`, the decode is abandoned (None) as soon as it says no: the session passes
         "the user is still speaking", so that a partial never holds up the decode of the
         utterance's end."""
-        hop = int(self.recognizer.options.hop_s * SAMPLE_RATE)
+        hop = int(self.recognizer.options.hop_s * SPEECH_RATE)
         if not force and self._n - self._decoded_at < hop:
             return None
         out = self.recognizer.transcribe(self._buf[:self._n], keep_going=keep_going)
@@ -360,7 +359,7 @@ class UtteranceDecoder:
 
     def reset(self, start_s: float | None = None) -> None:
         """Drop the utterance; the next one starts at stream time `start_s` (default: right after)."""
-        self.offset_s = self.offset_s + self._n / SAMPLE_RATE if start_s is None else float(start_s)
+        self.offset_s = self.offset_s + self._n / SPEECH_RATE if start_s is None else float(start_s)
         self._clear()
 
     def _clear(self) -> None:

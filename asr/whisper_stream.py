@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from asr.base import Flushed, Hypothesis, Partial, RecognizerEvent, WordEvent
+from asr.base import SPEECH_RATE, Flushed, Hypothesis, Partial, RecognizerEvent, WordEvent
 from asr.ring import AudioRing
-from asr.whisper import SAMPLE_RATE, WhisperOptions, WhisperRecognizer
+from asr.whisper import WhisperOptions, WhisperRecognizer
 
 _CLOSED = object()
 
@@ -29,7 +29,7 @@ _CLOSED = object()
 class StreamingWhisper:
     """A loaded Whisper model that opens `WhisperAdapterStream`s (all share its executor)."""
 
-    sample_rate = SAMPLE_RATE
+    sample_rate = SPEECH_RATE
 
     def __init__(self, whisper: WhisperRecognizer):
         self.whisper = whisper
@@ -50,13 +50,13 @@ class StreamingWhisper:
 class WhisperAdapterStream:
     """One conversation's stream; implements `RecognizerStream` and `Utterances`."""
 
-    sample_rate = SAMPLE_RATE
+    sample_rate = SPEECH_RATE
     delay_s = 0.0  # words come at the flush; nothing is held back by a model delay
 
     def __init__(self, whisper: WhisperRecognizer, executor: ThreadPoolExecutor, event_queue: int = 64):
         self._whisper, self._executor = whisper, executor
         self._decoder = whisper.open_decoder()
-        self._ring = AudioRing(int((whisper.options.max_utterance_s + 2) * SAMPLE_RATE))
+        self._ring = AudioRing(int((whisper.options.max_utterance_s + 2) * SPEECH_RATE))
         self._events: asyncio.Queue = asyncio.Queue(maxsize=event_queue)
         self._lock = asyncio.Lock()  # one decoder operation at a time
         self._utt_start: int | None = 0  # stream sample where the utterance starts; None: no utterance
@@ -76,7 +76,7 @@ class WhisperAdapterStream:
             raise RuntimeError("stream closed")
         self._ring.push(np.asarray(pcm, np.float32).reshape(-1))
         if self._speaking and self._utt_start is not None and (self._partial_task is None or self._partial_task.done()):
-            hop = int(self._whisper.options.hop_s * SAMPLE_RATE)
+            hop = int(self._whisper.options.hop_s * SPEECH_RATE)
             if self._ring.total - self._decoder_decoded_at() >= hop:
                 self._partial_task = asyncio.create_task(self._partial(), name="asr-partial")
 
@@ -103,7 +103,7 @@ class WhisperAdapterStream:
 
     # ---- Utterances -------------------------------------------------------------------------
     def begin_utterance(self, start_s: float) -> None:
-        start = max(int(round(start_s * SAMPLE_RATE)), self._ring.total - self._ring.capacity, 0)
+        start = max(int(round(start_s * SPEECH_RATE)), self._ring.total - self._ring.capacity, 0)
         self._hinted = True
         self._last_partial = ""
         self._speaking = True
@@ -129,7 +129,7 @@ class WhisperAdapterStream:
 
     def _restart(self, start: int) -> None:
         self._utt_start = self._synced = start
-        self._decoder.reset(start / SAMPLE_RATE)
+        self._decoder.reset(start / SPEECH_RATE)
 
     def _sync(self) -> None:
         """Hand the decoder the audio that came since it was last synced (loop thread, locked)."""
@@ -161,7 +161,7 @@ class WhisperAdapterStream:
         try:
             async with self._lock:
                 self._sync()
-                n = int(round(until_s * SAMPLE_RATE)) - (self._utt_start or 0)
+                n = int(round(until_s * SPEECH_RATE)) - (self._utt_start or 0)
                 hyp = await self._run(self._decoder.decode, n)
                 if final:
                     self._last_partial = ""

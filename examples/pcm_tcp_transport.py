@@ -15,11 +15,11 @@ import time
 
 import numpy as np
 
-from transport.audio import Int16RateAdapter, int16_to_float
+from transport.audio import INPUT_RATE, Int16RateAdapter, int16_to_float
 from transport.base import AudioIn, AudioOut, InputEvent
 from transport.playback import Playback
 
-RATE = 16000
+RATE = INPUT_RATE  # the wire's, both ways
 
 
 class PcmTcpTransport:

@@ -43,6 +43,9 @@ from pipecat.transports.websocket.server import (
 from pipecat.turns.user_turn_strategies import UserTurnStrategies
 from pipecat.workers.runner import WorkerRunner
 
+from asr.base import SPEECH_RATE
+
+REPLY_RATE = 24000  # what the client is sent (pipecat's own default)
 SYSTEM = "You are a helpful voice assistant. Answer in one or two short sentences, without lists or markup."
 
 
@@ -118,8 +121,8 @@ def build(args) -> tuple[PipelineWorker, WebsocketServerTransport]:
     # busy (sent upstream from the aggregator they lag the audio the STT has already taken)
     pipeline = Pipeline([transport.input(), VADProcessor(vad_analyzer=SileroVADAnalyzer()), stt, aggregators.user(),
                          llm, ReplyText(), tts, transport.output(), aggregators.assistant()])
-    worker = PipelineWorker(pipeline, params=PipelineParams(audio_in_sample_rate=16000, audio_out_sample_rate=24000,
-                                                            enable_metrics=True), idle_timeout_secs=None)
+    params = PipelineParams(audio_in_sample_rate=SPEECH_RATE, audio_out_sample_rate=REPLY_RATE, enable_metrics=True)
+    worker = PipelineWorker(pipeline, params=params, idle_timeout_secs=None)
 
     @transport.event_handler("on_client_disconnected")
     async def _left(transport, client):

@@ -20,6 +20,7 @@ import soxr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from asr.base import SPEECH_RATE  # noqa: E402
 from asr.wer import edit_distance, normalize  # noqa: E402
 from asr.whisper import WhisperRecognizer  # noqa: E402
 from tts.chunking import TextChunker  # noqa: E402
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             e = 0
             for s in SENTENCES:
                 pcm = asyncio.run(speak(voice, pieces(s, n)))
-                text, _ = asr.transcribe(soxr.resample(pcm, voice.sample_rate, 16000))
+                text, _ = asr.transcribe(soxr.resample(pcm, voice.sample_rate, SPEECH_RATE))
                 e += edit_distance(normalize(s), normalize(text))
             errors[n].append(e)
             print(f"run {run + 1}: first chunk {n or 'whole'}: {e} errors in {words} words", flush=True)

@@ -67,6 +67,7 @@ sys.path.insert(0, str(ROOT))
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from transport.audio import INPUT_RATE
 from transport.telephony.media_streams import DIALECTS, Dialect
 
 WS_ROUTES = ["/ws", "/twilio", "/telnyx", "/plivo", "/exotel", "/vonage"]
@@ -403,7 +404,7 @@ class PageSource(Source):
 
     def __init__(self, rng):
         super().__init__(rng)
-        self.rate = 16000
+        self.rate = INPUT_RATE
 
     def prelude(self):
         self.rate = self.rng.choice([16000, 16000, 8000, 48000])
@@ -524,7 +525,7 @@ class VonageSource(Source):
 
     def __init__(self, rng):
         super().__init__(rng)
-        self.rate = 16000
+        self.rate = INPUT_RATE
 
     def connected(self, rate=None) -> dict:
         self.rate = rate or self.rng.choice([8000, 16000, 24000])
@@ -1199,7 +1200,7 @@ async def idle_peer(target: Target, holders: Holders, wait_s: float) -> None:
         return
     holders.idle_sent += 1
     try:
-        await ws.send(json.dumps({"type": "hello", "sample_rate": 16000}))
+        await ws.send(json.dumps({"type": "hello", "sample_rate": INPUT_RATE}))
         async with asyncio.timeout(wait_s):
             async for msg in ws:
                 if isinstance(msg, str) and (ev := json.loads(msg)).get("type") == "error":
@@ -1290,7 +1291,7 @@ def sessions_active(target: Target, metrics_port: int | None = None, timeout: fl
 
 
 # ---- the normal conversation ---------------------------------------------------------------------
-def speech_audio(kind: str, rate: int = 16000) -> np.ndarray:
+def speech_audio(kind: str, rate: int = INPUT_RATE) -> np.ndarray:
     """0.3 s silence, speech, 1.2 s silence. `noise`: a white-noise burst (what the test doubles
     hear as speech); `flite`: a spoken question; else a WAV file."""
     quiet = lambda s: np.zeros(int(s * rate), np.float32)
@@ -1315,7 +1316,7 @@ def speech_audio(kind: str, rate: int = 16000) -> np.ndarray:
 
 
 async def normal_conversation(target: Target, audio: np.ndarray, when: str, timeout: float,
-                              rate: int = 16000) -> Conversation:
+                              rate: int = INPUT_RATE) -> Conversation:
     """What the page does: hello, the audio at real time in 20 ms frames, then wait for a final
     transcript, reply audio and bot_done (no error event)."""
     t0 = time.monotonic()

@@ -40,8 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from asr.base import SPEECH_RATE  # noqa: E402
 from asr.wer import normalize, wer  # noqa: E402
-from asr.whisper import SAMPLE_RATE, WhisperOptions, WhisperRecognizer  # noqa: E402
+from asr.whisper import WhisperOptions, WhisperRecognizer  # noqa: E402
 from helpers import DEV, say  # noqa: E402
 
 QUESTIONS = [
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = []
     for name, ref in lines:
         audio, rate = sf.read(DEV / name, dtype="float32")
-        assert rate == SAMPLE_RATE, name
+        assert rate == SPEECH_RATE, name
         dev.append((name, ref, audio))
     with tempfile.TemporaryDirectory() as tmp:
         spoken = {q: say(q, Path(tmp) / f"q{i}.wav") for i, q in enumerate(QUESTIONS)}
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 s.paired_ms.append(times[s.name] - times["default"])
         print(f"  dev round {rnd + 1}/{args.rounds} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     for i in range(args.repeats):
-        lead = np.zeros(round(i * LEAD_STEP_S * SAMPLE_RATE), np.float32)
+        lead = np.zeros(round(i * LEAD_STEP_S * SPEECH_RATE), np.float32)
         for q, audio in spoken.items():
             order = runs[k % len(runs):] + runs[:k % len(runs)]
             k += 1

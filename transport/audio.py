@@ -4,6 +4,12 @@ from __future__ import annotations
 import numpy as np
 import soxr
 
+# The rate a caller's audio is taken at where its wire does not say: what the browser page and the
+# microphone send, and what WebRTC's Opus is resampled to. It is the rate the speech models hear
+# (asr.base.SPEECH_RATE, which transports may not import; tests/test_constants.py holds them equal),
+# so audio at it reaches them unresampled.
+INPUT_RATE = 16000
+
 
 def int16_to_float(pcm: np.ndarray) -> np.ndarray:
     return (np.asarray(pcm, dtype=np.int16).astype(np.float32)) / 32768.0

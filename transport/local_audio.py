@@ -31,9 +31,7 @@ import threading
 import time
 from collections import deque
 
-import numpy as np
-
-from transport.audio import Int16RateAdapter, int16_to_float
+from transport.audio import INPUT_RATE, Int16RateAdapter, int16_to_float
 from transport.base import AudioIn, AudioOut, InputEvent, Played
 from transport.events import BotDone, FinalTranscript, Interrupted, SessionEvent
 from transport.playback import Playback
@@ -47,7 +45,7 @@ class LocalAudioTransport:
     reports_playout = True  # from the speaker's callback, at the time its block reaches the DAC
 
     def __init__(self, input_device: int | str | None = None, output_device: int | str | None = None,
-                 input_rate: int = 16000, output_rate: int | None = None, max_backlog_s: float = 2.0,
+                 input_rate: int = INPUT_RATE, output_rate: int | None = None, max_backlog_s: float = 2.0,
                  duration_s: float | None = None, echo_text: bool = True, speaker_buffer_s: float = 0.1) -> None:
         import sounddevice as sd  # PortAudio is loaded only when a sound card is used
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import soundfile as sf
 
-from transport.audio import Int16RateAdapter
+from transport.audio import INPUT_RATE, Int16RateAdapter
 from transport.base import AudioIn, AudioOut, InputEvent, Played
 from transport.events import SessionEvent, StateChanged
 
@@ -54,7 +54,7 @@ class WavConversationTransport:
         self.turns = turns
         self.output_sample_rate = output_sample_rate
         self.gap_s, self.reply_timeout_s, self.realtime = gap_s, reply_timeout_s, realtime
-        self.input_rate = turns[0].sample_rate if turns else 16000
+        self.input_rate = turns[0].sample_rate if turns else INPUT_RATE
         self._t0: float | None = None
         self._frames_sent = 0
         self._events: deque[InputEvent] = deque()

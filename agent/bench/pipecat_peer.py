@@ -38,8 +38,9 @@ import numpy as np
 from agent.bench.latency import QUESTIONS as LATENCY_QUESTIONS
 from agent.bench.latency import _flite, _pct, speech_end_offset
 from llm import bundled
+from transport.audio import INPUT_RATE
 
-RATE = 16000  # what the client sends
+RATE = INPUT_RATE  # what the client sends
 FRAME_S = 0.02
 LEAD_S = 0.5  # silence before each question
 QUIET_S = 1.5  # the reply is over: its text came, and no audio for this long

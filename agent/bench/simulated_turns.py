@@ -8,6 +8,9 @@ from collections.abc import Sequence
 
 from agent.tracing.trace import Ev, Stage, Tracer
 
+CHUNK = 8000  # samples in a made-up TTS chunk (PCM16: twice as many bytes sent)
+VOICE_RATE = 2 * CHUNK  # a chunk is half a second of speech
+
 
 def simulate_turns(
     tracer: Tracer,
@@ -87,18 +90,18 @@ def simulate_turns(
         treq = ft + 5 * 20 * MS
         tr.instant(Stage.TTS, Ev.REQUEST, turn, ts_ns=treq, flow=flow, text="Hello, how can I help?")
         fc = treq + rng.randint(60, 150) * MS
-        tr.complete(Stage.TTS, Ev.SYNTH, treq + MS, fc - treq - MS, turn, samples=8000, sample_rate=16000)
+        tr.complete(Stage.TTS, Ev.SYNTH, treq + MS, fc - treq - MS, turn, samples=CHUNK, sample_rate=VOICE_RATE)
         tr.instant(Stage.TTS, Ev.FIRST_CHUNK, turn, ts_ns=fc)
         send = fc + rng.randint(1, 5) * MS
         n_chunks = 4
         for c in range(n_chunks):
             ct = fc + c * 250 * MS
             if c:
-                tr.complete(Stage.TTS, Ev.SYNTH, ct - 100 * MS, 90 * MS, turn, samples=8000,
-                            sample_rate=16000)
-            tr.instant(Stage.TTS, Ev.CHUNK, turn, ts_ns=ct, samples=8000, text=f"c{c}")
+                tr.complete(Stage.TTS, Ev.SYNTH, ct - 100 * MS, 90 * MS, turn, samples=CHUNK,
+                            sample_rate=VOICE_RATE)
+            tr.instant(Stage.TTS, Ev.CHUNK, turn, ts_ns=ct, samples=CHUNK, text=f"c{c}")
             tr.instant(Stage.TRANSPORT, Ev.SEND_AUDIO, turn, ts_ns=send + c * 250 * MS,
-                       flow=flow if c == 0 else None, bytes=16000)
+                       flow=flow if c == 0 else None, bytes=2 * CHUNK)
         tr.instant(Stage.TTS, Ev.DONE, turn, ts_ns=fc + (n_chunks - 1) * 250 * MS + MS)
         if turn in barge_in_turns:
             b = send + 400 * MS

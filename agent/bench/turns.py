@@ -63,9 +63,10 @@ from agent.conversation.turns import (
     TurnConfig,
     TurnMachine,
 )
+from asr.base import SPEECH_RATE
 from tts.chunking import ends_sentence
 
-RATE = 16000
+RATE = SPEECH_RATE  # what the VAD and the end-of-turn model hear
 FRAME = 512
 FRAME_S = FRAME / RATE
 LEAD_S = 0.5
@@ -404,7 +405,7 @@ def replay(u: Utterance, policy: Policy, models: CachedModels, costs: Costs, max
         due = (ask_eou(t, i, t_end) if m.policy.audio_first else None) or max(t, busy_until)
 
         def decode(te):
-            nonlocal busy_until, early_text
+            nonlocal busy_until
             if not still_silent(t_end):
                 return []
             a, b = int(utt_t0 * RATE), int(until * RATE)

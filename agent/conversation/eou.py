@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from asr.base import SPEECH_RATE
 from asr.vad import pipecat_asset, quiet_onnx_session
 from llm.base import ReadAheadStop
 
-SAMPLE_RATE = 16000
 WINDOW_S = 8
-N_SAMPLES = SAMPLE_RATE * WINDOW_S  # 128000
+N_SAMPLES = SPEECH_RATE * WINDOW_S  # 128000
 N_FFT = 400
 HOP = 160
 N_MELS = 80
@@ -46,7 +46,7 @@ def _mel_to_hz(m: np.ndarray) -> np.ndarray:
     return np.where(m >= 15.0, 1000.0 * np.exp((np.log(6.4) / 27.0) * (m - 15.0)), 200.0 * m / 3.0)
 
 
-def mel_filters(n_mels: int = N_MELS, n_fft: int = N_FFT, rate: int = SAMPLE_RATE) -> np.ndarray:
+def mel_filters(n_mels: int = N_MELS, n_fft: int = N_FFT, rate: int = SPEECH_RATE) -> np.ndarray:
     """Slaney-normalized triangular mel filterbank, shape (n_fft // 2 + 1, n_mels)."""
     hz = _mel_to_hz(np.linspace(_hz_to_mel(0.0), _hz_to_mel(rate / 2.0), n_mels + 2))
     fft_hz = np.linspace(0, rate // 2, n_fft // 2 + 1)
@@ -91,7 +91,7 @@ def as_of_pause(audio_16k: np.ndarray, heard_silence_s: float, pause_s: float) -
     of France?" scored 0.02-0.21 with under 150 ms of it and 0.75-0.95 from 200 ms on. A verdict
     asked for early (at the first silent frame, to have it before the pause) counts only if the
     pause is then confirmed, so it is asked about that audio."""
-    unheard = round((pause_s - heard_silence_s) * SAMPLE_RATE)
+    unheard = round((pause_s - heard_silence_s) * SPEECH_RATE)
     if unheard <= 0:
         return audio_16k
     return np.concatenate([audio_16k, np.zeros(unheard, dtype=np.float32)])

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 import numpy as np
 import soxr
 
+from asr.base import SPEECH_RATE as WHISPER_RATE
 from asr.moshi_protocol import SAMPLE_RATE as IN_RATE
 from asr.moshi_protocol import EndWord, MarkerReply, ServerMessage, Step, Word
 from asr.engine.scheduler import BufferedSession, ServiceShell
 from asr.vad import SileroVAD
-from asr.whisper import SAMPLE_RATE as WHISPER_RATE
 from asr.whisper import UtteranceDecoder, WhisperRecognizer
 
 STEP_IN = 1920  # 80 ms at 24 kHz: one moshi step

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transport.audio import int16_to_float
+from transport.audio import INPUT_RATE, int16_to_float
 from transport.base import ProtocolError
 from transport.wire import json_object
 
@@ -63,7 +63,7 @@ def decode_client(message: str | bytes) -> ClientAudio | ClientControl:
     if kind not in CLIENT_TYPES:
         raise ProtocolError("unknown_type", f"unknown message type {kind[:40]!r}")
     if kind == "hello":
-        rate = obj.get("sample_rate", 16000)
+        rate = obj.get("sample_rate", INPUT_RATE)
         if isinstance(rate, bool) or not isinstance(rate, int) or not MIN_RATE <= rate <= MAX_RATE:
             raise ProtocolError("bad_sample_rate",
                                 f"sample_rate must be an integer between {MIN_RATE} and {MAX_RATE} Hz, got {rate!r}")

@@ -16,7 +16,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from transport.admission import Admission
-from transport.audio import Int16RateAdapter
+from transport.audio import INPUT_RATE, Int16RateAdapter
 from transport.base import AudioIn, AudioOut, ClientEvent, InputEvent, Played, Transport
 from transport.credentials import header
 from transport.events import SessionEvent
@@ -48,7 +48,7 @@ class WebSocketTransport:
 
     def __init__(self, ws: ServerConnection, output_sample_rate: int):
         self.ws = ws
-        self.input_sample_rate = 16000
+        self.input_sample_rate = INPUT_RATE
         self.output_sample_rate = output_sample_rate
         self._to_output_rate = Int16RateAdapter(output_sample_rate)
         self.errors = 0

@@ -40,11 +40,10 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from transport.audio import resample
+from transport.audio import INPUT_RATE, resample
 from transport.web.client import converse, reply_done
 from transport.webrtc.client import connect
 
-RATE = 16000
 QUESTION = "What is the capital of France?"
 AUDIBLE = 1e-4  # RMS of a decoded 20 ms frame above Opus's rendering of digital silence
 
@@ -62,10 +61,10 @@ def question_audio(wav: str | None) -> tuple[np.ndarray, float]:
         x, r = sf.read(wav, dtype="float32")
     if x.ndim > 1:
         x = x.mean(axis=1)
-    x = resample(x, r, RATE)
+    x = resample(x, r, INPUT_RATE)
     loud = np.flatnonzero(np.abs(x) > 0.01)
-    end_s = 0.5 + (loud[-1] + 1 if loud.size else x.size) / RATE
-    return np.concatenate([np.zeros(RATE // 2, np.float32), x, np.zeros(3 * RATE, np.float32)]), end_s
+    end_s = 0.5 + (loud[-1] + 1 if loud.size else x.size) / INPUT_RATE
+    return np.concatenate([np.zeros(INPUT_RATE // 2, np.float32), x, np.zeros(3 * INPUT_RATE, np.float32)]), end_s
 
 
 def server_v2v(events: list[dict]) -> float | None:
@@ -105,7 +104,7 @@ def turn_figures(events: list[dict], client_end: float | None, heard: float | No
 
 async def websocket_turn(base: str, audio: np.ndarray, end_s: float, same_clock: bool) -> dict:
     ws_url = base.replace("http://", "ws://").replace("https://", "wss://") + "/ws"
-    c = await converse(ws_url, audio, RATE, speech_end_s=end_s, pad_s=30.0,
+    c = await converse(ws_url, audio, INPUT_RATE, speech_end_s=end_s, pad_s=30.0,
                        until=lambda c: reply_done(c) and server_v2v(c.events) is not None, reply_timeout=60)
     # converse's times are loop.time(), time.monotonic(): the same clock as perf_counter on Linux
     return turn_figures(c.events, c.speech_end_sent, c.first_audio, None, same_clock)
@@ -125,10 +124,10 @@ def arrival_jitter_p95_ms(peer, window: int = 100) -> float | None:
 
 async def webrtc_turn(base: str, audio: np.ndarray, end_s: float, hosts: list[str], same_clock: bool,
                       timeout: float = 60.0, client_jitter: str = "low") -> dict:
-    peer = await connect(base, audio, RATE, ice_hosts=hosts, speech_end_s=end_s,
+    peer = await connect(base, audio, INPUT_RATE, ice_hosts=hosts, speech_end_s=end_s,
                          low_latency_audio=client_jitter == "low")
     try:
-        deadline = time.perf_counter() + audio.size / RATE + timeout
+        deadline = time.perf_counter() + audio.size / INPUT_RATE + timeout
         heard = None
         while time.perf_counter() < deadline:
             end = peer.mic.speech_end

@@ -24,7 +24,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcconfiguration import RTCBundlePolicy
 
-from transport.audio import float_to_int16, resample
+from transport.audio import INPUT_RATE, float_to_int16, resample
 from transport.webrtc.ice import configuration, host_addresses
 from transport.webrtc.ice_servers import CONFIG_PATH, IceServer
 from transport.webrtc.jitter import use_low_latency_audio
@@ -40,7 +40,7 @@ class ClipTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, clip: np.ndarray | None = None, rate: int = 16000, speech_end_s: float | None = None):
+    def __init__(self, clip: np.ndarray | None = None, rate: int = INPUT_RATE, speech_end_s: float | None = None):
         super().__init__()
         pcm = resample(clip, rate, RATE) if clip is not None and clip.size else np.zeros(0, np.float32)
         self.pcm = float_to_int16(pcm)
@@ -144,7 +144,7 @@ def _on_message(peer: Peer, message: str) -> None:
     peer.events.append(json.loads(message))
 
 
-async def connect(base_url: str, clip: np.ndarray | None = None, rate: int = 16000, *,
+async def connect(base_url: str, clip: np.ndarray | None = None, rate: int = INPUT_RATE, *,
                   ice_hosts: Sequence[str] | None, speech_end_s: float | None = None,
                   hello: dict | None = None, data_channel: bool = True, token: str | None = None,
                   low_latency_audio: bool = True, ice_servers: Sequence[IceServer] = (),

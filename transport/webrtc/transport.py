@@ -27,7 +27,7 @@ import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from transport.audio import Int16RateAdapter, StreamResampler, int16_to_float
+from transport.audio import INPUT_RATE, Int16RateAdapter, StreamResampler, int16_to_float
 from transport.base import (
     AudioIn,
     AudioOut,
@@ -47,7 +47,6 @@ from transport.webrtc.track import RATE, ReplyAudioTrack
 from transport.wire import BadInput
 
 log = logging.getLogger("duplex.webrtc")
-INPUT_RATE = 16000
 
 
 def server_ms() -> float:
