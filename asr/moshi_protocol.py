@@ -1,7 +1,7 @@
 """Kyutai moshi-server ASR wire format (`/api/asr-streaming`), Sans-I/O: pure encode/decode.
 
 Every WebSocket message is one binary frame holding a msgpack map with a "type" key. See
-asr/PROTOCOL.md for the full description. Decoding never raises anything but `ProtocolError`,
+asr/PROTOCOL.md for the full description. Decoding never raises anything but `BadMessage`,
 whose text is meant to be sent back to the client in an `Error` message.
 """
 
@@ -17,8 +17,9 @@ MAX_PCM_SAMPLES = 10 * SAMPLE_RATE  # one message may carry at most the whole in
 MAX_MARKER_ID = 2**63 - 1
 
 
-class ProtocolError(ValueError):
-    """A client message that cannot be accepted; str(error) is the reply's text."""
+class BadMessage(ValueError):
+    """A message that does not follow the protocol: a client's the server refuses (str(error) is
+    the text of its Error reply), or a server's the client cannot read."""
 
 
 # ---- client -> server ----------------------------------------------------------------------
@@ -119,63 +120,63 @@ def decode_server(data: bytes) -> dict:
     """Decode a server message to a plain dict (for clients and tests)."""
     d = msgpack.unpackb(data, raw=False)
     if not isinstance(d, dict) or not isinstance(d.get("type"), str):
-        raise ProtocolError("server message is not a map with a string 'type'")
+        raise BadMessage("server message is not a map with a string 'type'")
     return d
 
 
 def decode_client(data: bytes | bytearray | memoryview | str, max_samples: int = MAX_PCM_SAMPLES) -> ClientMessage:
-    """Validate and decode one client frame. Raises ProtocolError with a client-facing reason."""
+    """Validate and decode one client frame. Raises BadMessage with a client-facing reason."""
     if isinstance(data, str):
-        raise ProtocolError("text frames are not accepted: send msgpack in binary frames")
+        raise BadMessage("text frames are not accepted: send msgpack in binary frames")
     try:
         d = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True, max_array_len=max_samples + 1,
                             max_map_len=64, max_str_len=1 << 16, max_bin_len=1 << 16, max_ext_len=0)
     except Exception as e:  # msgpack raises many types (ExtraData, FormatError, ValueError, ...)
-        raise ProtocolError(f"malformed msgpack: {type(e).__name__}") from None
+        raise BadMessage(f"malformed msgpack: {type(e).__name__}") from None
     if not isinstance(d, dict):
-        raise ProtocolError("message must be a msgpack map")
+        raise BadMessage("message must be a msgpack map")
     kind = d.get("type")
     if not isinstance(kind, str):
-        raise ProtocolError("message needs a string 'type'")
+        raise BadMessage("message needs a string 'type'")
     if kind == "Audio":
         return Audio(_pcm(d.get("pcm"), max_samples))
     if kind == "Marker":
         mid = d.get("id")
         if isinstance(mid, bool) or not isinstance(mid, int) or not -MAX_MARKER_ID - 1 <= mid <= MAX_MARKER_ID:
-            raise ProtocolError("Marker 'id' must be a 64-bit integer")
+            raise BadMessage("Marker 'id' must be a 64-bit integer")
         return Marker(mid)
     if kind == "Init":
         return Init()
     if kind == "Flush":
         return Flush()
     if kind == "OggOpus":
-        raise ProtocolError("OggOpus input is not supported by this server: send Audio (float32 pcm)")
-    raise ProtocolError(f"unknown message type {kind[:40]!r}")
+        raise BadMessage("OggOpus input is not supported by this server: send Audio (float32 pcm)")
+    raise BadMessage(f"unknown message type {kind[:40]!r}")
 
 
 def _pcm(value, max_samples: int) -> np.ndarray:
     if not isinstance(value, (list, tuple)):
-        raise ProtocolError("Audio 'pcm' must be an array of numbers")
+        raise BadMessage("Audio 'pcm' must be an array of numbers")
     if not value:
-        raise ProtocolError("Audio 'pcm' is empty")
+        raise BadMessage("Audio 'pcm' is empty")
     if len(value) > max_samples:
-        raise ProtocolError(f"Audio 'pcm' has {len(value)} samples; at most {max_samples} per message")
+        raise BadMessage(f"Audio 'pcm' has {len(value)} samples; at most {max_samples} per message")
     try:
         arr = np.asarray(value)
     except (ValueError, TypeError):
-        raise ProtocolError("Audio 'pcm' must be a flat array of numbers") from None
+        raise BadMessage("Audio 'pcm' must be a flat array of numbers") from None
     if arr.ndim != 1 or arr.dtype.kind not in "fiu":
-        raise ProtocolError("Audio 'pcm' must be a flat array of numbers")
+        raise BadMessage("Audio 'pcm' must be a flat array of numbers")
     with np.errstate(over="ignore", invalid="ignore"):
         pcm = arr.astype(np.float32)
     if not np.isfinite(pcm).all():
-        raise ProtocolError("Audio 'pcm' holds NaN or infinite (or float32-overflowing) samples")
+        raise BadMessage("Audio 'pcm' holds NaN or infinite (or float32-overflowing) samples")
     return pcm
 
 
 def parse_server(d: dict) -> ServerMessage | None:
     """A decoded server map (`decode_server`) as a typed message; None for a type this client does
-    not know (newer servers may add some). Raises ProtocolError on a known type with bad fields."""
+    not know (newer servers may add some). Raises BadMessage on a known type with bad fields."""
     kind = d.get("type")
     try:
         if kind == "Ready":
@@ -191,5 +192,5 @@ def parse_server(d: dict) -> ServerMessage | None:
         if kind == "Error":
             return Error(str(d.get("message", "")))
     except (KeyError, TypeError, ValueError) as e:
-        raise ProtocolError(f"bad {kind} message from the server: {type(e).__name__} {e}") from None
+        raise BadMessage(f"bad {kind} message from the server: {type(e).__name__} {e}") from None
     return None

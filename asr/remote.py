@@ -50,9 +50,9 @@ from asr.base import Gap, RecognizerFailed, RecognizerUnavailable
 from asr.moshi_protocol import (
     SAMPLE_RATE,
     Audio,
+    BadMessage,
     Error,
     Marker,
-    ProtocolError,
     Ready,
     ServerMessage,
     decode_server,
@@ -199,7 +199,7 @@ class WebSocketLink:
             return [Error(f"server sent a text frame: {raw[:80]!r}")]
         try:
             msg = parse_server(decode_server(raw))
-        except ProtocolError as e:
+        except BadMessage as e:
             return [Error(str(e))]
         except Exception as e:  # msgpack raises several types on garbage
             return [Error(f"undecodable server message: {type(e).__name__}")]

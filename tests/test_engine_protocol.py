@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 from asr.moshi_protocol import (
     MAX_PCM_SAMPLES,
     Audio,
+    BadMessage,
     EndWord,
     Error,
     Flush,
     Init,
     Marker,
     MarkerReply,
-    ProtocolError,
     Ready,
     Step,
     Word,
@@ -71,7 +71,7 @@ def test_kyutai_client_audio_decodes():
     ("text frame", "text"),
 ])
 def test_bad_client_messages_give_clear_errors(raw, reason):
-    with pytest.raises(ProtocolError, match=reason):
+    with pytest.raises(BadMessage, match=reason):
         decode_client(raw)
 
 
@@ -88,7 +88,7 @@ json_like = st.recursive(
 def test_decode_random_bytes_never_crashes(data):
     try:
         decode_client(data)
-    except ProtocolError:
+    except BadMessage:
         pass
 
 
@@ -98,7 +98,7 @@ def test_decode_random_bytes_never_crashes(data):
 def test_decode_random_maps_accepts_only_valid_messages(d):
     try:
         msg = decode_client(msgpack.packb(d))
-    except ProtocolError:
+    except BadMessage:
         return
     if isinstance(msg, Audio):
         assert d["type"] == "Audio" and 0 < msg.pcm.size <= MAX_PCM_SAMPLES

@@ -54,11 +54,11 @@ from websockets.http11 import Response
 
 from asr.moshi_protocol import (
     Audio,
+    BadMessage,
     Error,
     Flush,
     Init,
     Marker,
-    ProtocolError,
     Ready,
     decode_client,
     encode_server,
@@ -247,7 +247,7 @@ class AsrServer:
         async for raw in ws:
             try:
                 msg = decode_client(raw)
-            except ProtocolError as e:
+            except BadMessage as e:
                 self.protocol_errors += 1
                 self.metrics.protocol_errors.inc()
                 await ws.send(encode_server(Error(str(e)), session.buffered_samples))
