@@ -48,6 +48,33 @@ def test_turn_log_keeps_recent_turns_by_absolute_index():
         log[2]
 
 
+def test_turn_log_follows_a_reply_while_it_runs_then_keeps_its_last_row():
+    from agent.conversation.records import ReplyProgress, UserTurn
+
+    log, turn, progress = TurnLog(keep=3), UserTurn(0, speech_end=1.0, user_text="hi"), ReplyProgress()
+    log.append(TurnRecord.of(turn))
+
+    def source() -> TurnRecord:
+        return TurnRecord.of(turn, progress)
+
+    log.follow(0, source)
+    progress.tokens.append("Hel")
+    assert log[0].tokens == ("Hel",) and log[0].user_text == "hi", "read mid-reply: the reply as it is now"
+    log.update(0, mouth_to_ear_ms=120.0)  # the page's measure, before the reply has ended
+    progress.heard_text = "Hello"
+    assert log[0].mouth_to_ear_ms == 120.0 and log[0].heard_text == "Hello"
+    assert not log.settle(0, lambda: TurnRecord(0)), "another source does not settle it"
+    assert log.settle(0, source)
+    progress.heard_text = "changed later"
+    assert log[0].heard_text == "Hello" and log[0].mouth_to_ear_ms == 120.0 and [r.index for r in log] == [0]
+    log.update(0, mouth_to_ear_ms=90.0)
+    assert log[0].mouth_to_ear_ms == 90.0 and log[0].heard_text == "Hello"
+    for i in range(1, 5):
+        log.append(TurnRecord(index=i))
+    log.update(0, mouth_to_ear_ms=1.0)  # no longer kept: nothing
+    assert not log.settle(0, source)
+
+
 def test_turn_machine_transitions_are_bounded():
     m = TurnMachine()
     t = 0.0

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from agent.conversation.records import TurnRecord
+from agent.conversation.records import UserTurn
 from agent.conversation.pipeline import pipeline_named
 from agent.conversation.reply import Playout, Reply, ReplyConfig
 from agent.tracing.trace import Ev, Stage, Tracer
@@ -56,7 +56,7 @@ class Hooks:
 def make(llm, mode="concurrent", speculative=False, tracer=None, **kw):
     far, hooks = Far(), Hooks()
     ids = itertools.count()
-    reply = Reply(TurnRecord(index=0, user_text="q"), [{"role": "user", "content": "q"}], llm=llm, tts=ToneVoice(),
+    reply = Reply(UserTurn(index=0, user_text="q"), [{"role": "user", "content": "q"}], llm=llm, tts=ToneVoice(),
                   transport=far, config=ReplyConfig(pipeline_named(mode), playout_lead_s=0.05), tracer=tracer if tracer is not None else Tracer("r"),
                   new_chunk_id=lambda: next(ids), hooks=hooks, speculative=speculative, **kw)
     return reply, far, hooks
@@ -66,24 +66,27 @@ async def test_a_cancelled_reply_stops_its_llm_within_one_token():
     llm = ScriptedLLM(" ".join(f"w{i}" for i in range(200)), token_s=0.02)
     reply, far, hooks = make(llm)
     reply.start()
-    assert await await_until(lambda: len(reply.record.tokens) >= 5, timeout=5)
+    assert await await_until(lambda: len(reply.progress.tokens) >= 5, timeout=5)
     await reply.cancel()
-    n = len(reply.record.tokens)
+    n = len(reply.progress.tokens)
     await asyncio.sleep(0.1)  # five more token times: none may come
-    assert len(reply.record.tokens) == n and llm.cancelled == 1
+    assert len(reply.progress.tokens) == n and llm.cancelled == 1
     assert not reply.running and hooks.finished == 0
 
 
 async def test_a_speculative_reply_holds_its_audio_until_committed():
     reply, far, hooks = make(ScriptedLLM("Four legs, as all spiders have eight."), speculative=True)
     reply.start()
-    assert await await_until(lambda: reply.record.tts_first_chunk > 0, timeout=5)
+    assert await await_until(lambda: reply.progress.tts_first_chunk > 0, timeout=5)
     await asyncio.sleep(0.05)
     assert far.audio == [] and hooks.audible == 0, "nothing is heard before the commit"
-    reply.commit()
+    reply.commit(UserTurn(index=3, speech_end=1.0, endpoint=1.2, asr_final=1.3, user_text="q"))
     await asyncio.wait_for(reply.task, 10)
     assert far.audio and hooks.audible == 1 and hooks.finished == 1
-    assert reply.spoken == reply.record.reply_text == "Four legs, as all spiders have eight."
+    assert reply.spoken == reply.progress.reply_text == "Four legs, as all spiders have eight."
+    row = reply.row()  # the turn it was committed to, with what the reply did
+    assert (row.index, row.speech_end, row.asr_final, row.user_text, row.speculative) == (3, 1.0, 1.3, "q", True)
+    assert row.reply_text == reply.spoken and row.tokens == tuple(reply.progress.tokens) and row.first_audio_out
 
 
 async def test_waterfall_runs_the_stages_one_after_another():
@@ -130,7 +133,7 @@ async def test_a_paused_reply_sends_nothing_then_resumes_at_the_sample_it_stoppe
     before = np.concatenate([c.pcm for c in far.audio[:sent]])
     after = np.concatenate([c.pcm for c in far.audio[sent:]])
     k = round(at * 16000)
-    assert k < before.size and k + after.size == round(reply.record.tts_samples * 16000), "no sample lost or repeated"
+    assert k < before.size and k + after.size == round(reply.progress.tts_samples * 16000), "no sample lost or repeated"
     assert np.array_equal(after[:before.size - k], before[k:]), "it went on from the paused sample"
     assert hooks.finished == 1 and reply.spoken == text
 
@@ -182,18 +185,18 @@ async def test_a_paused_reply_gives_a_one_context_model_to_other_replies_then_go
     llm = OneContextLLM(lambda user: story if user == "q" else "Other answer.", token_s=0.02)
     first, far, hooks = make(llm)
     first.start()
-    assert await await_until(lambda: len(first.record.tokens) >= 3, 5)
+    assert await await_until(lambda: len(first.progress.tokens) >= 3, 5)
     await first.pause()  # the user speaks over it; words will tell whether to cut or resume
     # another conversation's reply on the same model
     other, _, other_hooks = make(llm)
     other.messages = [{"role": "user", "content": "other"}]
     t = time.perf_counter()
     other.start()
-    assert await await_until(lambda: other.record.tokens, 5), "the paused reply kept the model"
+    assert await await_until(lambda: other.progress.tokens, 5), "the paused reply kept the model"
     assert time.perf_counter() - t < 1.0
     await asyncio.wait_for(other.task, 10)
     first.resume()
     await asyncio.wait_for(first.task, 20)
-    assert first.record.reply_text == story, "resumed, it went on from its first words"
+    assert first.progress.reply_text == story, "resumed, it went on from its first words"
     assert len(llm.prefixes) == 3 and llm.prefixes[0] == "" and story.startswith(llm.prefixes[2])
     assert llm.prefixes[2] and hooks.finished == 1 and other_hooks.finished == 1

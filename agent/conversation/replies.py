@@ -3,13 +3,17 @@
 Commit a branch whose guess was right, cancel one that was wrong; pause the reply when the user
 speaks over it, then cut it if they said words (keeping what was heard of it) or resume it from
 where its audio stopped if they did not. Speculation is not free, so what it wastes is counted.
+
+A reply answering a turn of the log is followed there while it runs (`TurnLog.follow`: the turn
+reads as the reply's row of the moment) and settled once it has finished, failed, been cut or
+been cancelled: the turn then keeps its last row.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from agent.conversation.history import History
-from agent.conversation.records import TurnLog, TurnRecord
+from agent.conversation.records import TurnLog, UserTurn
 from agent.conversation.reply import Reply
 from agent.conversation.speculation import SpeculationStats, same_transcript
 from agent.tracing.trace import CUT_BY_WORDS, Ev, Stage
@@ -27,63 +31,72 @@ class Replies:
         self.paused = False  # the user speaks over the bot: a reply started or committed now is held
         self.stats = SpeculationStats()
 
-    def start(self, rec: TurnRecord, user_text: str | None, **kw) -> Reply:
-        reply = self._new_reply(rec, user_text, **kw)
+    def start(self, turn: UserTurn, user_text: str | None, **kw) -> Reply:
+        """A reply to `turn`; the log follows it if the turn is in the log (an apology for a
+        conversation that cannot go on has no turn there)."""
+        reply = self._new_reply(turn, user_text, **kw)
         if self.paused:
             reply.hold()
         self.current = reply.start()
+        if turn.index in self.records:
+            self.records.follow(turn.index, reply.row)
         return self.current
 
-    def finished(self, reply: Reply) -> None:
+    def finished(self, reply: Reply) -> bool:
+        """The reply played to its end, or failed: its turn keeps its row. True if the log
+        keeps its turn (False: an apology as the call ends, or a turn too old to be kept)."""
+        kept = self._settle(reply)
         if self.current is reply:
             self.current = None
+        return kept
+
+    def _settle(self, reply: Reply) -> bool:
+        return self.records.settle(reply.turn.index, reply.row)
 
     # ---- speculation --------------------------------------------------------------------------
     def speculate(self, transcript: str) -> None:
         if self.branch is not None:
             return
-        rec = TurnRecord(index=len(self.records), user_text=transcript)
-        self.branch = self._new_reply(rec, transcript, speculative=True).start()
+        guess = UserTurn(index=len(self.records), user_text=transcript)  # the turn it is committed to replaces it
+        self.branch = self._new_reply(guess, transcript, speculative=True).start()
         self._branch_text = transcript
         self.stats.started += 1
-        self.tracer.instant(Stage.SPECULATION, Ev.START, turn=rec.index, text=transcript, flow=rec.index + 1)
+        self.tracer.instant(Stage.SPECULATION, Ev.START, turn=guess.index, text=transcript, flow=guess.index + 1)
 
     async def cancel_branch(self, why: str) -> None:
         branch, self.branch = self.branch, None
         if branch is None:
             return
         self.stats.cancelled += 1
-        self.tracer.instant(Stage.SPECULATION, Ev.CANCEL, turn=branch.record.index, reason=why)
+        self.tracer.instant(Stage.SPECULATION, Ev.CANCEL, turn=branch.turn.index, reason=why)
         await branch.cancel()
-        self.stats.wasted_tokens += len(branch.record.tokens)
+        self.stats.wasted_tokens += len(branch.progress.tokens)
         self.stats.wasted_tts_s += branch.tts_seconds()
 
-    async def answer(self, rec: TurnRecord, start_new: bool) -> None:
-        """The turn `rec` has its transcript: commit the branch that guessed it, or (when
-        `start_new`: the turn is still the bot's to answer) start a fresh reply."""
-        if not rec.user_text:
+    async def answer(self, turn: UserTurn, start_new: bool) -> None:
+        """`turn` has its transcript: commit the branch that guessed it, or (when `start_new`:
+        the turn is still the bot's to answer) start a fresh reply."""
+        if not turn.user_text:
             await self.cancel_branch("empty transcript")
             return  # the listener resumes an interrupted reply, or listens again
         branch = self.branch
-        if branch is not None and same_transcript(self._branch_text, rec.user_text) and branch.running:
+        if branch is not None and same_transcript(self._branch_text, turn.user_text) and branch.running:
             self.branch = None
             self.stats.committed += 1
-            self.tracer.instant(Stage.SPECULATION, Ev.COMMIT, turn=rec.index, flow=rec.index + 1)
-            b = branch.record
-            b.index, b.speech_end, b.endpoint, b.asr_final, b.user_text = (
-                rec.index, rec.speech_end, rec.endpoint, rec.asr_final, rec.user_text)
-            b.speculative = True
-            self.records[rec.index] = b
+            self.tracer.instant(Stage.SPECULATION, Ev.COMMIT, turn=turn.index, flow=turn.index + 1)
             self.current = branch
             if self.paused:
                 branch.hold()  # held at its gate, it has sent nothing
-            branch.commit()
+            branch.commit(turn)
+            if turn.index in self.records:
+                self.records.follow(turn.index, branch.row)
             return
         await self.cancel_branch("transcript changed" if branch else "")
         if start_new:
             if self.current is not None:
                 await self.current.cancel()
-            self.start(rec, rec.user_text)
+                self._settle(self.current)
+            self.start(turn, turn.user_text)
 
     # ---- talked over: pause, then cut or resume ----------------------------------------------
     async def pause(self) -> bool:
@@ -96,9 +109,9 @@ class Replies:
         self.tracer.instant(Stage.TRANSPORT, Ev.CLEAR, turn=len(self.records) - 1)
         return audible
 
-    async def barge_in(self) -> TurnRecord | None:
-        """Words over the bot: cut the paused reply; returns its turn, with what was heard of
-        it (nothing after the pause: the far end dropped it), or None if there was none."""
+    async def barge_in(self) -> Reply | None:
+        """Words over the bot: cut the paused reply; returns it, its progress with what was
+        heard of it (nothing after the pause: the far end dropped it), or None if there was none."""
         self.paused = False
         reply, self.current = self.current, None
         await self.cancel_branch(CUT_BY_WORDS)
@@ -106,7 +119,7 @@ class Replies:
             return None
         await reply.cancel()
         self._keep_cut(reply, CUT_BY_WORDS)
-        return reply.record
+        return reply
 
     def resume(self) -> bool:
         """A false interruption: the paused reply plays on from the sample where its audio
@@ -116,7 +129,7 @@ class Replies:
         if reply is None or not reply.running:
             return False
         at = reply.resume()
-        self.tracer.instant(Stage.TURN, Ev.RESUME, turn=reply.record.index, at_s=round(at, 6))
+        self.tracer.instant(Stage.TURN, Ev.RESUME, turn=reply.turn.index, at_s=round(at, 6))
         return True
 
     async def end_with_session(self, why: str) -> None:
@@ -125,15 +138,17 @@ class Replies:
         self.paused = False  # what is said now (a goodbye, an apology) is not held
         await self.cancel_branch(why)
         reply, self.current = self.current, None
-        if reply is None or not reply.running:
+        if reply is None:
+            return
+        if not reply.running:
+            self._settle(reply)
             return
         await reply.cancel()
         self._keep_cut(reply, why)
 
     def _keep_cut(self, reply: Reply, why: str) -> None:
-        rec = reply.record
-        rec.interrupted = True
-        rec.reply_text = "".join(rec.tokens).strip()
-        rec.heard_text = reply.playout.heard_text()
-        self.tracer.instant(Stage.TURN, Ev.INTERRUPTED, turn=rec.index, heard=rec.heard_text, why=why)
-        self.history.remember_reply(rec.user_text, *reply.history_messages(rec.heard_text))
+        reply.cut()
+        self._settle(reply)
+        turn, heard = reply.turn, reply.progress.heard_text
+        self.tracer.instant(Stage.TURN, Ev.INTERRUPTED, turn=turn.index, heard=heard, why=why)
+        self.history.remember_reply(turn.user_text, *reply.history_messages(heard))

@@ -14,9 +14,9 @@ Faults: the LLM must give its first token within `llm_timeout_s`, and each next 
 token every few tens of ms, so one bound serves both; only the time spent waiting for the
 LLM counts, not the time the reply spends speaking). When the LLM of a committed reply fails
 (down, stalled, cut off), the reply speaks `apology` in the same voice after the words already
-sent, records the error in its turn and tells the conversation (`hooks.reply_failed`). The
-apology is not part of the reply: its audio is kept out of the words heard (`heard_text`) and
-out of the turn's voice-to-voice. A chunk the voice fails on is skipped (tts/base.py), traced
+sent, records the error in its progress (its turn's row) and tells the conversation
+(`hooks.reply_failed`). The apology is not part of the reply: its audio is kept out of the words
+heard (`heard_text`) and out of the turn's voice-to-voice. A chunk the voice fails on is skipped (tts/base.py), traced
 and counted in the turn; the reply goes on.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 
 from agent.conversation.history import Heard
 from agent.conversation.pipeline import Concurrent, Pipeline
-from agent.conversation.records import TurnRecord
+from agent.conversation.records import ReplyProgress, TurnRecord, UserTurn
 from agent.conversation.tool_steps import ReplyTools
 from agent.tracing.trace import Ev, Stage
 from agent.workers import cancel_and_wait
@@ -333,13 +333,17 @@ def split_chunk(chunk: AudioChunk, piece_s: float) -> list[tuple[np.ndarray, str
 
 
 class Reply:
-    """One answer to `messages` (or `fixed_text`, spoken as is), filling in `record`."""
+    """One answer to `messages` (or `fixed_text`, spoken as is) for the user's `turn`, keeping its
+    own state in `progress`; `row()` is the turn's record as of now. A speculative reply is made
+    for a provisional turn and given the real one when it is committed."""
 
-    def __init__(self, record: TurnRecord, messages: list[Message], *, llm: ChatModel, tts: Synthesizer,
+    def __init__(self, turn: UserTurn, messages: list[Message], *, llm: ChatModel, tts: Synthesizer,
                  transport: Transport, config: ReplyConfig, tracer, new_chunk_id: Callable[[], int],
                  hooks: ReplyHooks, speculative: bool = False, fixed_text: str | None = None,
                  tools: ReplyTools | None = None, context: Callable[[], Awaitable[list[Message]]] | None = None):
-        self.record, self.messages = record, messages
+        self.turn, self.messages = turn, messages
+        self.progress = ReplyProgress()  # written by this reply alone (a cut: through `cut`)
+        self.speculative = speculative  # started before its turn ended
         self.llm, self.tts, self.config, self.tracer, self.hooks = llm, tts, config, tracer, hooks
         self.fixed_text = fixed_text
         self.tools = tools  # the agent's tools, as this reply runs them (None: it has none)
@@ -366,7 +370,7 @@ class Reply:
         return self.gate.is_set()
 
     def start(self) -> "Reply":
-        self.task = asyncio.create_task(self._run(), name=f"reply-{self.record.index}")
+        self.task = asyncio.create_task(self._run(), name=f"reply-{self.turn.index}")
         self.task.add_done_callback(self._forget_task)
         return self
 
@@ -374,8 +378,24 @@ class Reply:
         # an ended task keeps its exception, whose frames refer to this reply: a cycle
         self.task = None
 
-    def commit(self) -> None:
+    def commit(self, turn: UserTurn) -> None:
+        """The speculation guessed `turn` right: it is this reply's turn now, and its audio may go."""
+        self.turn = turn
+        if self.tools is not None:
+            self.tools.turn = turn.index
         self.gate.set()
+
+    def cut(self) -> None:
+        """The reply was cut (cancelled) while it spoke: its turn keeps its text so far and the
+        words the far end played of it."""
+        p = self.progress
+        p.interrupted = True
+        p.reply_text = "".join(p.tokens).strip()
+        p.heard_text = self.playout.heard_text()
+
+    def row(self) -> TurnRecord:
+        """The turn's record as of now: the user's side and this reply's progress."""
+        return TurnRecord.of(self.turn, self.progress, speculative=self.speculative)
 
     async def cancel(self) -> None:
         await cancel_and_wait(self.task)
@@ -424,7 +444,7 @@ class Reply:
         return self.task is not None and not self.task.done()
 
     def tts_seconds(self) -> float:
-        return self.record.tts_samples
+        return self.progress.tts_samples
 
     async def _run(self) -> None:
         try:
@@ -438,16 +458,16 @@ class Reply:
         except Exception as e:  # noqa: BLE001 - reported to the client, the session survives
             while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
                 e = e.exceptions[0]  # the TaskGroup's one failing stage
-            rec = self.record
-            log.warning("turn %d: reply failed: %s", rec.index, describe(e))
-            self.tracer.instant(Stage.TURN, Ev.REPLY_ERROR, turn=rec.index, error=describe(e)[:200])
+            p = self.progress
+            log.warning("turn %d: reply failed: %s", self.turn.index, describe(e))
+            self.tracer.instant(Stage.TURN, Ev.REPLY_ERROR, turn=self.turn.index, error=describe(e)[:200])
             if not self.committed:
                 return  # an uncommitted speculation: the turn's end starts a fresh reply
-            rec.reply_text = "".join(rec.tokens).strip()
-            rec.error = describe(e)
+            p.reply_text = "".join(p.tokens).strip()
+            p.error = describe(e)
             # the words sent before the failure play out (nothing clears them): they were heard
             self.spoken = self.playout.sent_text()
-            rec.heard_text = self.spoken
+            p.heard_text = self.spoken
             if self.llm_error is not None and self.config.apology:
                 await self._apologize()
             await self.hooks.reply_failed(self, e)
@@ -462,20 +482,20 @@ class Reply:
                         await self._play(chunk, heard=False)
             await self.playout.wait_played()
         except Exception as e:  # noqa: BLE001
-            log.warning("turn %d: the apology could not be spoken: %s", self.record.index, describe(e))
+            log.warning("turn %d: the apology could not be spoken: %s", self.turn.index, describe(e))
 
     # ---- the stages: LLM -> chunker -> voice -> line, through the pipeline's flow ------------------
     async def _stages(self) -> None:
-        rec = self.record
-        self.tracer.instant(Stage.LLM, Ev.REQUEST, turn=rec.index, flow=rec.index + 1)
+        p = self.progress
+        self.tracer.instant(Stage.LLM, Ev.REQUEST, turn=self.turn.index, flow=self.turn.index + 1)
         await self._flow.run(self._think, self._speak)
         await self.gate.wait()  # a speculative reply with no audio still waits to be committed
-        rec.reply_text = "".join(rec.tokens).strip()
+        p.reply_text = "".join(p.tokens).strip()
         await self.playout.wait_played()
         # a skipped chunk was not heard; a filler was, though the LLM did not write it
-        self.spoken = self.playout.sent_text() if rec.tts_skipped or self.ran_tools else rec.reply_text
-        rec.heard_text = self.spoken
-        self.tracer.instant(Stage.TURN, Ev.TURN_END, turn=rec.index)
+        self.spoken = self.playout.sent_text() if p.tts_skipped or self.ran_tools else p.reply_text
+        p.heard_text = self.spoken
+        self.tracer.instant(Stage.TURN, Ev.TURN_END, turn=self.turn.index)
         await self.hooks.reply_finished(self)
 
     async def _think(self) -> None:
@@ -487,7 +507,7 @@ class Reply:
                 self._filler.cancel()
 
     async def _answer(self) -> None:
-        rec, tokens = self.record, self.record.tokens
+        tokens = self.progress.tokens
         chunker = TextChunker(first_max_words=self.config.first_chunk_words)
         messages = self.messages
         if self._context is not None and self.fixed_text is None:
@@ -513,7 +533,7 @@ class Reply:
             await self._emit(piece)
         if self.tools is not None and (self.tools.steps or self.tools.refused) and not self._said_words:
             await self._emit(self.tools.policy.no_answer)  # the user hears an answer, never silence
-        self.tracer.instant(Stage.LLM, Ev.DONE, turn=rec.index)
+        self.tracer.instant(Stage.LLM, Ev.DONE, turn=self.turn.index)
         await self._flow.close()
 
     async def _may_run(self, calls: list[ToolCall], offer_tools: bool) -> bool:
@@ -545,9 +565,9 @@ class Reply:
 
     async def _generate(self, messages: list[Message], chunker: TextChunker, offer_tools: bool) -> list[ToolCall]:
         """One LLM request: its text goes to the voice, its tool calls come back."""
-        rec, tr, tokens = self.record, self.tracer, self.record.tokens
+        p, tr, tokens = self.progress, self.tracer, self.progress.tokens
         calls: list[ToolCall] = []
-        span = tr.begin(Stage.LLM, Ev.GENERATE, turn=rec.index, model=getattr(self.llm, "name", "llm"))
+        span = tr.begin(Stage.LLM, Ev.GENERATE, turn=self.turn.index, model=getattr(self.llm, "name", "llm"))
         try:
             async with contextlib.aclosing(self._tokens(messages, offer_tools)) as toks:
                 async for tok in toks:
@@ -555,16 +575,16 @@ class Reply:
                         calls.append(tok)  # read on: a model may ask for several at once
                         continue
                     if not tokens:
-                        rec.llm_first_token = time.perf_counter()
-                        tr.instant(Stage.LLM, Ev.FIRST_TOKEN, turn=rec.index)
+                        p.llm_first_token = time.perf_counter()
+                        tr.instant(Stage.LLM, Ev.FIRST_TOKEN, turn=self.turn.index)
                     tokens.append(tok)
-                    tr.instant(Stage.LLM, Ev.TOKEN, turn=rec.index, text=tok)
+                    tr.instant(Stage.LLM, Ev.TOKEN, turn=self.turn.index, text=tok)
                     if self.committed:
-                        await self.hooks.send(BotText(rec.index, tok))
+                        await self.hooks.send(BotText(self.turn.index, tok))
                     for piece in chunker.push(tok):
                         await self._emit(piece)
         except asyncio.CancelledError:
-            tr.instant(Stage.LLM, Ev.CANCEL, turn=rec.index)
+            tr.instant(Stage.LLM, Ev.CANCEL, turn=self.turn.index)
             raise
         finally:
             tr.end(span, tokens=len(tokens), tool_calls=len(calls))
@@ -577,7 +597,7 @@ class Reply:
             for word in self.fixed_text.split(" "):
                 yield word + " "
             return
-        cfg, rec = self.config, self.record
+        cfg = self.config
         offer = {"tools": self.tools.specs()} if offer_tools else {}
         # a round offered no tools may still write one's JSON (it read of calls): never said
         calls = ToolCallText() if self.tools is not None and not offer_tools else None
@@ -592,7 +612,7 @@ class Reply:
             while True:
                 if gives_back and self.paused:
                     await toks.aclose()
-                    self.tracer.instant(Stage.LLM, Ev.YIELDED, turn=rec.index, tokens=n)
+                    self.tracer.instant(Stage.LLM, Ev.YIELDED, turn=self.turn.index, tokens=n)
                     await self._unpaused.wait()
                     toks = self.llm.stream(messages, max(1, cfg.max_tokens - n), prefix=said, **offer)
                     it = aiter(toks)
@@ -627,44 +647,45 @@ class Reply:
 
     async def _texts(self) -> AsyncIterator[str]:
         async for piece in self._flow.pieces():
-            self.tracer.instant(Stage.TTS, Ev.REQUEST, turn=self.record.index, text=piece, flow=self.record.index + 1)
+            self.tracer.instant(Stage.TTS, Ev.REQUEST, turn=self.turn.index, text=piece, flow=self.turn.index + 1)
             yield piece
 
     async def _speak(self) -> None:
         """The voice's side: the flow's text as audio, to the line."""
-        rec, tr = self.record, self.tracer
+        p, tr = self.progress, self.tracer
         try:
             async with contextlib.aclosing(self.tts.stream(self._texts())) as chunks:
                 async for chunk in chunks:
                     if chunk.error is not None:  # the voice failed on it (and logged it): skip
-                        rec.tts_skipped += 1
-                        tr.instant(Stage.TTS, TTS_SKIP, turn=rec.index, text=chunk.text[:200], error=chunk.error[:200])
+                        p.tts_skipped += 1
+                        tr.instant(Stage.TTS, TTS_SKIP, turn=self.turn.index, text=chunk.text[:200],
+                                   error=chunk.error[:200])
                         continue
-                    if not rec.tts_first_chunk:
-                        rec.tts_first_chunk = time.perf_counter()
+                    if not p.tts_first_chunk:
+                        p.tts_first_chunk = time.perf_counter()
                         self._flow.voiced()
-                        tr.instant(Stage.TTS, Ev.FIRST_CHUNK, turn=rec.index)
-                    rec.tts_samples += chunk.pcm.size / chunk.sample_rate
-                    tr.instant(Stage.TTS, Ev.CHUNK, turn=rec.index, samples=int(chunk.pcm.size),
+                        tr.instant(Stage.TTS, Ev.FIRST_CHUNK, turn=self.turn.index)
+                    p.tts_samples += chunk.pcm.size / chunk.sample_rate
+                    tr.instant(Stage.TTS, Ev.CHUNK, turn=self.turn.index, samples=int(chunk.pcm.size),
                                sample_rate=chunk.sample_rate, text=chunk.text)
                     await self._flow.audio(chunk, self._play)
         except asyncio.CancelledError:
-            tr.instant(Stage.TTS, Ev.CANCEL, turn=rec.index)
+            tr.instant(Stage.TTS, Ev.CANCEL, turn=self.turn.index)
             raise
         finally:
             self._flow.voiced()
-        tr.instant(Stage.TTS, Ev.DONE, turn=rec.index)
+        tr.instant(Stage.TTS, Ev.DONE, turn=self.turn.index)
         await self._flow.finish(self._play)
 
     async def _play(self, chunk: AudioChunk, heard: bool = True) -> None:
         """`heard=False`: the apology, which is not the reply's first audio (its voice-to-voice)."""
-        rec = self.record
+        p = self.progress
         if not self.committed:
             await self.gate.wait()  # speculation: synthesized, but held until the turn is confirmed
-            await self.hooks.send(BotText(rec.index, "".join(rec.tokens)))
-        if heard and not rec.first_audio_out:
-            rec.first_audio_out = time.perf_counter()
-            self.tracer.instant(Stage.TRANSPORT, Ev.SEND_AUDIO, turn=rec.index, flow=rec.index + 1)
+            await self.hooks.send(BotText(self.turn.index, "".join(p.tokens)))
+        if heard and not p.first_audio_out:
+            p.first_audio_out = time.perf_counter()
+            self.tracer.instant(Stage.TRANSPORT, Ev.SEND_AUDIO, turn=self.turn.index, flow=self.turn.index + 1)
         if not self.audible:
             self.audible = True
             await self.hooks.reply_audible(self)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -22,7 +23,7 @@ from agent.conversation.echo import is_echo
 from agent.conversation.history import History
 from agent.conversation.config import DEFAULT_SYSTEM_PROMPT, Models, SessionConfig  # noqa: F401 - the session's API
 from agent.conversation.listener import Listener
-from agent.conversation.records import TurnLog, TurnRecord
+from agent.conversation.records import TurnLog, TurnRecord, UserTurn
 from agent.conversation.replies import Replies
 from agent.conversation.reply import Reply
 from agent.conversation.session_events import (
@@ -70,7 +71,7 @@ class Session:
         self.listener = Listener(models.asr, models.vad_factory(), models.eou, self.config.listener(), self.tracer,
                                  weak_async(self._on_heard), turn=self.records.__len__, echo=weak_call(self._is_echo))
         self.replies = Replies(weak_call(self._new_reply), self._history, self.records, transport, self.tracer)
-        self._awaiting_final: deque[TurnRecord] = deque(maxlen=8)  # turns ended, transcript to come
+        self._awaiting_final: deque[UserTurn] = deque(maxlen=8)  # turns ended, transcript to come
         self._warm_task: asyncio.Task | None = None
         self._warm_stop = ReadAheadStop()  # the current warm's
         self._chunk_ids = itertools.count()
@@ -120,14 +121,13 @@ class Session:
             await self._floor.wait()
         if not await self.listener.bot_initiated():
             raise RuntimeError("the user began to speak")
-        rec = TurnRecord(index=len(self.records), endpoint=time.perf_counter())
-        self.records.append(rec)
         user_text = kw.pop("user_text", None)
-        rec.user_text = user_text or ""
-        reply = self.replies.start(rec, user_text if user_text else None, **kw)
+        turn = UserTurn(index=len(self.records), endpoint=time.perf_counter(), user_text=user_text or "")
+        self.records.append(TurnRecord.of(turn))
+        reply = self.replies.start(turn, user_text if user_text else None, **kw)
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(reply.task)
-        return rec
+        return self.records[turn.index] if turn.index in self.records else reply.row()
 
     def _floor_changed(self) -> None:
         self._floor.set()
@@ -181,8 +181,8 @@ class Session:
             self._floor_changed()
             cut = self.replies.current
             await self.replies.end_with_session("session ended")
-            if cut is not None and cut.record.interrupted:
-                self.events.emit(ReplyFinished(cut.record.index, cut.record.heard_text, interrupted=True))
+            if cut is not None and cut.progress.interrupted:
+                self.events.emit(ReplyFinished(cut.turn.index, cut.progress.heard_text, interrupted=True))
             self._warm_stop.set()  # the model's thread is not kept reading for no one
             await cancel_and_wait(self._warm_task, self._end_task)
             await self.listener.close()
@@ -208,8 +208,8 @@ class Session:
         """The conversation cannot go on: say so (the page shows it; a phone hears `spoken`)."""
         self._ended = True
         await self._send(SessionError(code, message, fatal=True))
-        rec = TurnRecord(index=len(self.records))
-        reply = self.replies.start(rec, None, fixed_text=spoken)
+        # a turn of its own, not kept in the records (the conversation is over)
+        reply = self.replies.start(UserTurn(index=len(self.records)), None, fixed_text=spoken)
         with contextlib.suppress(Exception):
             await reply.task
 
@@ -237,12 +237,13 @@ class Session:
                                     speech_to_clear_ms=round((time.perf_counter() - ev.speech_start) * 1000, 1))
         elif isinstance(ev, heard.UserBargedIn):
             cut = await self.replies.barge_in()
-            if cut is not None and self._ending is not None and self._ending.record is cut:
+            if cut is not None and self._ending is cut:
                 self._ending = None  # the goodbye was cut: the call goes on
-            await self._send(Interrupted(cut.heard_text if cut else ""))
+            heard_text = cut.progress.heard_text if cut is not None else ""
+            await self._send(Interrupted(heard_text))
             if cut is not None:
-                self.events.emit(BargeIn(cut.index, cut.heard_text))
-                self.events.emit(ReplyFinished(cut.index, cut.heard_text, interrupted=True))
+                self.events.emit(BargeIn(cut.turn.index, heard_text))
+                self.events.emit(ReplyFinished(cut.turn.index, heard_text, interrupted=True))
         elif isinstance(ev, heard.HeardPartial):
             await self._send(PartialTranscript(ev.text, ev.stable))
             # the LLM reads the words so far while the user goes on; not once they stopped,
@@ -261,27 +262,27 @@ class Session:
             self.tracer.instant(Stage.TURN, Ev.SPEECH_RESUMED, turn=turn)
             await self.replies.cancel_branch("user went on speaking")
         elif isinstance(ev, heard.TurnEnded):
-            rec = TurnRecord(index=turn, speech_end=ev.speech_end, endpoint=ev.endpoint)
-            self.records.append(rec)
-            self._awaiting_final.append(rec)
-            self.tracer.instant(Stage.TURN, Ev.USER_SPEECH_END, turn=rec.index, ts_ns=_ns(rec.speech_end))
-            self.tracer.instant(Stage.TURN, Ev.ENDPOINT, turn=rec.index, ts_ns=_ns(rec.endpoint))
-            await self._send(EndOfUserTurn(rec.index, rec.speech_end * 1000, round(ev.t_speech_end, 3)))
+            ended = UserTurn(index=turn, speech_end=ev.speech_end, endpoint=ev.endpoint)
+            self.records.append(TurnRecord.of(ended))  # a turn with no reply (yet)
+            self._awaiting_final.append(ended)
+            self.tracer.instant(Stage.TURN, Ev.USER_SPEECH_END, turn=ended.index, ts_ns=_ns(ended.speech_end))
+            self.tracer.instant(Stage.TURN, Ev.ENDPOINT, turn=ended.index, ts_ns=_ns(ended.endpoint))
+            await self._send(EndOfUserTurn(ended.index, ended.speech_end * 1000, round(ev.t_speech_end, 3)))
         elif isinstance(ev, heard.UserTranscript):
             if not self._awaiting_final:
                 log.error("%s: a transcript with no turn waiting for it", self.session_id)
                 return
-            rec = self._awaiting_final.popleft()
-            rec.asr_final, rec.user_text = ev.at, ev.text
-            self.tracer.instant(Stage.ASR, Ev.FINAL, turn=rec.index, text=ev.text)
+            final = dataclasses.replace(self._awaiting_final.popleft(), asr_final=ev.at, user_text=ev.text)
+            self.records.update(final.index, asr_final=final.asr_final, user_text=final.user_text)
+            self.tracer.instant(Stage.ASR, Ev.FINAL, turn=final.index, text=ev.text)
             if ev.text:
-                self.events.emit(UserTurnFinal(rec.index, ev.text))
+                self.events.emit(UserTurnFinal(final.index, ev.text))
                 await self._agent_hook(self.agent.on_user_turn(self, ev.text))
-            await self._send(FinalTranscript(rec.index, ev.text,
+            await self._send(FinalTranscript(final.index, ev.text,
                                              tuple((w.text, round(w.start, 3), round(w.end, 3)) for w in ev.words)))
             # the turn is the bot's to answer; or the user speaks over its thinking (a new reply
             # starts held, and plays if that proves no interruption)
-            await self.replies.answer(rec, start_new=self.listener.state in (State.THINKING, State.INTERRUPTED))
+            await self.replies.answer(final, start_new=self.listener.state in (State.THINKING, State.INTERRUPTED))
         elif isinstance(ev, heard.FalseInterruption):
             if not self.replies.resume():
                 await self.listener.reply_finished()
@@ -307,20 +308,20 @@ class Session:
         if ev.kind == "metrics":
             turn, m2e = ev.data.get("turn"), ev.data.get("mouth_to_ear_ms")
             if isinstance(turn, int) and turn in self.records and isinstance(m2e, (int, float)):
-                self.records[turn].mouth_to_ear_ms = round(float(m2e), 1)
+                self.records.update(turn, mouth_to_ear_ms=round(float(m2e), 1))
                 self.tracer.instant(Stage.CLIENT, Ev.MOUTH_TO_EAR, turn=turn, ms=float(m2e))
             return
         self.tracer.instant(Stage.CLIENT, ev.kind, **{k: v for k, v in ev.data.items() if isinstance(v, (int, float, str))})
 
     # ---- replies ----------------------------------------------------------------------------------
-    def _new_reply(self, rec: TurnRecord, user_text: str | None, instructions: str | None = None, **kw) -> Reply:
+    def _new_reply(self, turn: UserTurn, user_text: str | None, instructions: str | None = None, **kw) -> Reply:
         system = f"{self.agent.instructions}\n{instructions}" if instructions else self.agent.instructions
         messages = self._history.prompt(system, user_text)
         tools = None
         if self.tools and kw.get("fixed_text") is None:
-            tools = ReplyTools(self.tools, self.agent.tool_policy, self.tracer, rec, self.events.emit,
+            tools = ReplyTools(self.tools, self.agent.tool_policy, self.tracer, turn.index, self.events.emit,
                                session=weakref.proxy(self))
-        return Reply(rec, messages, llm=self.models.llm, tts=self.models.tts, transport=self.transport,
+        return Reply(turn, messages, llm=self.models.llm, tts=self.models.tts, transport=self.transport,
                      config=self.config.reply(), tracer=self.tracer, new_chunk_id=self._chunk_ids.__next__,
                      hooks=weakref.proxy(self), tools=tools,
                      context=functools.partial(self._history.settled_prompt, system, user_text), **kw)
@@ -328,19 +329,19 @@ class Session:
     async def _greet(self) -> None:
         """Speak the greeting as a reply of its own: a turn with no user words."""
         self._greeting_due = False
-        rec = TurnRecord(index=len(self.records), endpoint=time.perf_counter())
+        turn = UserTurn(index=len(self.records), endpoint=time.perf_counter())
         if not await self.listener.bot_initiated():
             return  # the user spoke first
-        self.records.append(rec)
-        self.tracer.instant(Stage.TURN, Ev.GREETING, turn=rec.index, text=self.agent.greeting)
-        self.replies.start(rec, "", fixed_text=self.agent.greeting)
+        self.records.append(TurnRecord.of(turn))
+        self.tracer.instant(Stage.TURN, Ev.GREETING, turn=turn.index, text=self.agent.greeting)
+        self.replies.start(turn, "", fixed_text=self.agent.greeting)
 
     # ---- ReplyHooks ---------------------------------------------------------------------------------
     async def send(self, event: SessionEvent) -> None:
         await self._send(event)
 
     async def reply_audible(self, reply: Reply) -> None:
-        self.events.emit(ReplyStarted(reply.record.index, reply.record.speculative))
+        self.events.emit(ReplyStarted(reply.turn.index, reply.speculative))
         await self.listener.reply_started()
 
     def _is_echo(self, text: str) -> bool:
@@ -350,17 +351,23 @@ class Session:
         return reply is not None and is_echo(text, reply.playout.sent_text())
 
     async def reply_finished(self, reply: Reply) -> None:
-        rec = reply.record
-        self._history.remember_reply(rec.user_text, *reply.history_messages(reply.spoken))
-        self.replies.finished(reply)
+        self._history.remember_reply(reply.turn.user_text, *reply.history_messages(reply.spoken))
+        kept = self.replies.finished(reply)
         if reply.ends_call or self._ending is reply:
             self._ending = reply
             self._end_task = asyncio.create_task(self._end_call_after(reply), name="end-call")
         await self.listener.reply_finished()
         self._floor_changed()
+        rec = self._turn_row(reply, kept)
         await self._send(BotDone(rec.index, rec.reply_text))
-        await self._send(TurnLatency(rec.summary()))
+        await self._send(TurnLatency(self._turn_row(reply, kept).summary()))
         self.events.emit(ReplyFinished(rec.index, reply.spoken, interrupted=False))
+
+    def _turn_row(self, reply: Reply, kept: bool) -> TurnRecord:
+        """A finished reply's turn as the records keep it (with what the page reported since),
+        or the reply's own row where they do not keep it (`kept`: Replies.finished)."""
+        i = reply.turn.index
+        return self.records[i] if kept and i in self.records else reply.row()
 
     async def _end_call_after(self, reply: Reply | None) -> None:
         """The call ends once the far end has played the goodbye to its end (its last piece's
@@ -388,16 +395,15 @@ class Session:
         did not say it); when nothing was heard the exchange is not kept at all: the user was
         asked to say it again, and the roles still alternate for strict chat templates. The
         conversation goes on: the page is told (not fatal), and the next turn asks the LLM anew."""
-        rec = reply.record
-        rec.error = rec.error or str(error) or type(error).__name__
         if reply.spoken or reply.ran_tools:
-            self._history.remember_reply(rec.user_text, *reply.history_messages(reply.spoken))
-        self.replies.finished(reply)
+            self._history.remember_reply(reply.turn.user_text, *reply.history_messages(reply.spoken))
+        kept = self.replies.finished(reply)
         await self.listener.reply_finished()
         self._floor_changed()
+        rec = self._turn_row(reply, kept)
         self.events.emit(ReplyFinished(rec.index, reply.spoken, interrupted=False, error=rec.error))
         await self._send(SessionError("reply_failed", rec.error))
-        await self._send(TurnLatency(rec.summary()))
+        await self._send(TurnLatency(self._turn_row(reply, kept).summary()))
 
     # ---- prompt warming -----------------------------------------------------------------------------
     def _warm_prefix(self) -> None:

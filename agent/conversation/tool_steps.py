@@ -45,10 +45,10 @@ class ToolStep:
 
 
 class ReplyTools:
-    def __init__(self, tools: dict[str, FunctionTool], policy: ToolPolicy, tracer, record,
+    def __init__(self, tools: dict[str, FunctionTool], policy: ToolPolicy, tracer, turn: int,
                  notify: Callable[[object], None], session=None):
         self.tools, self.policy, self.tracer = tools, policy, tracer
-        self._record = record  # the reply's turn (a speculation's is renumbered when committed)
+        self.turn = turn  # the reply's turn (a speculation's is renumbered when committed: Reply.commit)
         self._notify = notify  # typed session events (agent.conversation.session_events)
         self._session = session
         self.steps: list[ToolStep] = []
@@ -59,10 +59,6 @@ class ReplyTools:
         self.ends_call = False  # a tool asked to end the call once this reply has played
         self.refused = 0  # calls past max_steps, not run
         self._fillers = 0
-
-    @property
-    def turn(self) -> int:
-        return self._record.index
 
     def specs(self) -> list[dict]:
         return [t.spec() for t in self.tools.values()]

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 __all__ = ["MILESTONES", "STAGE_KEYS", "clamped", "breakdown"]
 
-#: Milestone names, in causal order (the attributes of ``agent.conversation.session.TurnRecord``).
+#: Milestone names, in causal order (the attributes of ``agent.conversation.records.TurnRecord``).
 MILESTONES: tuple[str, ...] = (
     "speech_end", "endpoint", "asr_final", "llm_first_token", "tts_first_chunk", "first_audio_out",
 )
