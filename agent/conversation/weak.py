@@ -8,23 +8,21 @@ import weakref
 from collections.abc import Awaitable, Callable
 
 
-def weak_call(method: Callable) -> Callable:
-    """`method` (a bound method) called while its object lives; None once it is gone."""
+def weak_call(method: Callable, gone: Callable[[], object] = lambda: None) -> Callable:
+    """`method` (a bound method) called while its object lives; once it is gone, `gone()` (None)."""
     ref = weakref.WeakMethod(method)
 
     def call(*args, **kwargs):
         bound = ref()
-        return None if bound is None else bound(*args, **kwargs)
+        return gone() if bound is None else bound(*args, **kwargs)
 
     return call
+
+
+async def _nothing() -> None:
+    return None
 
 
 def weak_async(method: Callable[..., Awaitable]) -> Callable[..., Awaitable]:
-    """`weak_call` for a coroutine method: awaiting it once the object is gone does nothing."""
-    ref = weakref.WeakMethod(method)
-
-    async def call(*args, **kwargs):
-        bound = ref()
-        return None if bound is None else await bound(*args, **kwargs)
-
-    return call
+    """`weak_call` for a coroutine method: once the object is gone, awaiting a call does nothing."""
+    return weak_call(method, gone=_nothing)
