@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.bench.latency import (ASR_RATE, LEAD_S, ScriptLine, _dev_transcripts, default_dev_dir,
+from agent.bench.latency import (ASR_RATE, LEAD_S, ScriptLine, _dev_clip, _dev_transcripts, default_dev_dir,
                                  run_mode, speech_end_offset, warm_up)
 from asr.wer import normalize, wer
 
@@ -102,16 +102,13 @@ def key_heard(key: str, heard: str) -> bool:
 # ---- audio -----------------------------------------------------------------------------------
 def speak(text: str, voice: str, path: Path, piper=None) -> np.ndarray:
     """`text` spoken by flite's `voice` or by Piper (`voice == "piper"`), float32 at 16 kHz."""
-    import soundfile as sf
-
-    from transport.audio import resample
-
     if voice == "piper":
+        from transport.audio import resample
+
         pcm = piper.synthesize(text).astype(np.float32) / 32768.0
         return resample(pcm, piper.sample_rate, ASR_RATE).astype(np.float32)
     subprocess.run(["flite", "-voice", voice, "-t", text, "-o", str(path)], check=True, capture_output=True)
-    data, rate = sf.read(path, dtype="float32", always_2d=True)
-    return resample(data.mean(axis=1), int(rate), ASR_RATE).astype(np.float32)
+    return _dev_clip(path)
 
 
 @dataclass
@@ -132,15 +129,7 @@ def spoken_clips(work: Path, piper) -> list[Clip]:
 
 
 def dev_clips(dev_dir: Path) -> list[Clip]:
-    import soundfile as sf
-
-    from transport.audio import resample
-
-    out = []
-    for name, ref in _dev_transcripts(dev_dir).items():
-        data, rate = sf.read(dev_dir / name, dtype="float32", always_2d=True)
-        out.append(Clip(name, ref, None, "dev", resample(data.mean(axis=1), int(rate), ASR_RATE).astype(np.float32)))
-    return out
+    return [Clip(name, ref, None, "dev", _dev_clip(dev_dir / name)) for name, ref in _dev_transcripts(dev_dir).items()]
 
 
 # ---- recognizer settings ---------------------------------------------------------------------

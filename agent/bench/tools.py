@@ -1,10 +1,10 @@
 """`duplex bench tools`: does the agent call the right tool, and what does a tool cost the caller?
 
 Spoken requests (flite, four voices) go at real-time pace through the WAV transport into a real
-`Session` serving an agent with four tools (weather, time, a table booking, end_call), one
-session per request so that no request sees another's calls; each call begins with the agent's
-greeting, which the caller hears out (`GREETING_S`) before asking, as on a phone line. Half the requests need a tool, half
-are chit-chat that needs none. For each LLM it prints:
+`Session` serving an agent with four tools (the README's weather and time, a table booking,
+end_call), one session per request so that no request sees another's calls; each call begins with
+the agent's greeting, which the caller hears out (`GREETING_S`) before asking, as on a phone line.
+Half the requests need a tool, half are chit-chat that needs none. For each LLM it prints:
 - right tool and arguments: the share of tool requests whose first call named the expected tool
   with the expected arguments (strings compared without case or surrounding space);
 - false calls: the share of chit-chat requests where the model asked for any tool;
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import tempfile
@@ -27,33 +28,15 @@ from pathlib import Path
 import numpy as np
 
 from agent.bench.latency import ASR_RATE, LEAD_S, _pct, speech_end_offset
+from agent.bench.quality import speak
 from agent.toolkit.call_control import end_call
 from agent.toolkit.tools import ToolPolicy, function_tool
-from agent.toolkit.voice_agent import Agent
+from agent.toolkit.voice_agent import Agent, load_agent
 from llm import bundled
 
 VOICES = ("slt", "kal", "awb", "rms")
-TABLES = {"paris": "sunny and 24 degrees", "london": "light rain and 15 degrees"}
-
-
-@function_tool
-def get_weather(city: str) -> str:
-    """Get today's weather forecast for a city.
-
-    Args:
-        city: The name of the city.
-    """
-    return TABLES.get(city.strip().lower(), "cloudy and 18 degrees")
-
-
-@function_tool
-def get_time(city: str) -> str:
-    """Get the local time in a city.
-
-    Args:
-        city: The name of the city.
-    """
-    return "half past three in the afternoon"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "weather_agent.py"  # the README's agent: its weather and time tools
 
 
 @function_tool
@@ -67,10 +50,18 @@ def book_table(people: int, time: str) -> str:
     return f"booked for {people} at {time}"
 
 
-AGENT = Agent(instructions="You are a restaurant's phone assistant. Use the tools for the weather, the time, "
-                           "bookings and ending the call. Reply in one short sentence.",
-              tools=[get_weather, get_time, book_table, end_call], tool_policy=ToolPolicy(filler_delay_s=1.0),
-              greeting="Hello, how can I help?")
+@functools.cache
+def bench_agent() -> Agent:
+    """The agent measured: the README's weather and time tools, a table booking and end_call."""
+    if not EXAMPLE.exists():
+        raise RuntimeError(f"examples/weather_agent.py is not in {ROOT}: run from a checkout of duplex")
+    example = {t.name: t for t in load_agent(f"{EXAMPLE}:agent").tools}
+    return Agent(instructions="You are a restaurant's phone assistant. Use the tools for the weather, the time, "
+                              "bookings and ending the call. Reply in one short sentence.",
+                 tools=[example["get_weather"], example["get_time"], book_table, end_call],
+                 tool_policy=ToolPolicy(filler_delay_s=1.0), greeting="Hello, how can I help?")
+
+
 GREETING_S = 3.0  # the caller listens to the greeting before asking (the session reads the tools meanwhile)
 
 
@@ -97,18 +88,6 @@ REQUESTS = [
 ]
 
 
-def _flite(text: str, voice: str, path: Path) -> np.ndarray:
-    import subprocess
-
-    import soundfile as sf
-
-    from transport.audio import resample
-
-    subprocess.run(["flite", "-voice", voice, "-t", text, "-o", str(path)], check=True, capture_output=True)
-    data, rate = sf.read(path, dtype="float32", always_2d=True)
-    return resample(data.mean(axis=1), int(rate), ASR_RATE)
-
-
 def right_call(request: Request, calls: list[tuple[str, dict]]) -> bool:
     if not calls or calls[0][0] != request.tool:
         return False
@@ -123,12 +102,8 @@ def right_call(request: Request, calls: list[tuple[str, dict]]) -> bool:
     return True
 
 
-# the same agent without tools: what its chit-chat turns cost when no tool is on offer
-PLAIN = Agent(instructions=AGENT.instructions, greeting=AGENT.greeting)
-
-
 async def one_request(models, pcm: np.ndarray, speech_end_s: float, work: Path, name: str,
-                      agent: Agent = AGENT) -> dict:
+                      agent: Agent) -> dict:
     from agent.conversation.session import Session, SessionConfig
     from agent.conversation.session_events import ToolCallStarted
     from agent.tracing.trace import Ev, Stage, Tracer
@@ -154,9 +129,11 @@ async def one_request(models, pcm: np.ndarray, speech_end_s: float, work: Path, 
 
 
 async def run_model(models, script: list[tuple[Request, str, np.ndarray, float]], work: Path) -> list[dict]:
+    agent = bench_agent()
+    plain = Agent(instructions=agent.instructions, greeting=agent.greeting)  # what chit-chat costs without tools
     rows = []
     for i, (request, voice, pcm, end) in enumerate(script):
-        row = await one_request(models, pcm, end, work, f"r{i}")
+        row = await one_request(models, pcm, end, work, f"r{i}", agent)
         row.update(request=request.text, voice=voice, want=request.tool,
                    right=right_call(request, row["calls"]) if request.tool else None,
                    false_call=bool(row["asked"]) if request.tool is None else None)
@@ -166,7 +143,7 @@ async def run_model(models, script: list[tuple[Request, str, np.ndarray, float]]
               f"calls {[c[0] for c in row['calls']]}  heard {row['heard']!r} -> {row['reply'][:60]!r}", flush=True)
     for i, (request, voice, pcm, end) in enumerate(script):
         if request.tool is None:
-            row = await one_request(models, pcm, end, work, f"p{i}", PLAIN)
+            row = await one_request(models, pcm, end, work, f"p{i}", plain)
             rows.append({**row, "request": request.text, "voice": voice, "want": None, "right": None,
                          "false_call": None, "no_tools": True})
             print(f"  {request.text[:42]:<42} {voice:<4} {'no tools':<10} v2v {row['voice_to_voice_ms']!s:>7} ms  "
@@ -218,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     lead = np.zeros(int((GREETING_S + LEAD_S) * ASR_RATE), np.float32)
     for i, request in enumerate(REQUESTS[:args.requests]):
         voice = VOICES[i % len(VOICES)]
-        pcm = np.concatenate([lead, _flite(request.text, voice, work / f"q{i}.wav"), np.zeros(ASR_RATE // 2, np.float32)])
+        pcm = np.concatenate([lead, speak(request.text, voice, work / f"q{i}.wav"), np.zeros(ASR_RATE // 2, np.float32)])
         script.append((request, voice, pcm, speech_end_offset(pcm, ASR_RATE)))
     llms = args.llm or default_llms()
     models = load_models(ModelChoice(llm=llms[0]))

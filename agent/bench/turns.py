@@ -42,7 +42,6 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.bench.latency import _pct, default_dev_dir, speech_end_offset
+from agent.bench.latency import _dev_clip, _pct, default_dev_dir, speech_end_offset
+from agent.bench.quality import speak
 from agent.conversation.endpointing import CombinedPolicy, RulesPolicy, SmartTurnPolicy
 from agent.conversation.eou import as_of_pause
 from agent.conversation.turns import (
@@ -180,15 +180,6 @@ def make_incomplete(name: str, voice: str, text: str, first: np.ndarray, rest: n
                      (pause_start, head.size / RATE + tail_start))
 
 
-def _read(path: Path) -> np.ndarray:
-    import soundfile as sf
-
-    from transport.audio import resample
-
-    data, rate = sf.read(path, dtype="float32", always_2d=True)
-    return resample(data.mean(axis=1), int(rate), RATE).astype(np.float32)
-
-
 class Voices:
     """flite voices and Piper (joe), each phrase synthesized once."""
 
@@ -215,8 +206,7 @@ class Voices:
             return resample(pcm, self._piper.sample_rate, RATE).astype(np.float32)
         self._n += 1
         path = self.work / f"say{self._n}.wav"
-        subprocess.run(["flite", "-voice", voice, "-t", text, "-o", str(path)], check=True, capture_output=True)
-        return _read(path)
+        return speak(text, voice, path)
 
 
 def build_corpus(work: Path, dev_dir: Path | None, voices: tuple[str, ...], sentences=SENTENCES,
@@ -246,7 +236,7 @@ def build_corpus(work: Path, dev_dir: Path | None, voices: tuple[str, ...], sent
     if dev_dir is not None and (dev_dir / "transcripts.tsv").exists():
         rows = [line.split("\t", 1) for line in (dev_dir / "transcripts.tsv").read_text().splitlines() if "\t" in line]
         for name, text in rows[:dev_clips]:
-            speech = _read(dev_dir / name)
+            speech = _dev_clip(dev_dir / name)
             out.append(make_complete(f"dev:{name}", "dev", text.strip(), speech))
             if whisper is None:
                 continue
