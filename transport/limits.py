@@ -43,16 +43,16 @@ class SourceLimits:
         self.live: dict[str, int] = {}
 
     def exempt(self, source: str | None) -> bool:
-        return _within(source, self._exempt)
+        return within(source, self._exempt)
 
     def client(self, peer: str | None, forwarded_for: str | None) -> str | None:
         """The address to count a request by: `peer`'s own, or, when `peer` is a trusted
         proxy, the right-most X-Forwarded-For entry that is not a trusted proxy."""
-        if not self._proxies or not forwarded_for or not _within(peer, self._proxies):
+        if not self._proxies or not forwarded_for or not within(peer, self._proxies):
             return peer
         for hop in reversed([h.strip() for h in forwarded_for.split(",")]):
-            if not _within(hop, self._proxies):
-                return hop if _within(hop, ANY) else peer  # not an address: counted as the proxy
+            if not within(hop, self._proxies):
+                return hop if within(hop, ANY) else peer  # not an address: counted as the proxy
         return peer
 
     def refusal(self, source: str | None) -> str | None:
@@ -91,7 +91,9 @@ class SourceLimits:
             del self.live[source]
 
 
-def _within(address: str | None, networks: Sequence) -> bool:
+def within(address: str | None, networks: Sequence) -> bool:
+    """Whether `address` is in one of `networks` (IPv4-mapped IPv6 as IPv4, a zone id dropped);
+    False for anything that is not an address."""
     try:
         ip = ipaddress.ip_address((address or "").split("%")[0])
     except ValueError:

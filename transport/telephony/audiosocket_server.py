@@ -22,6 +22,7 @@ from transport.admission import Admission
 from transport.audio import Int16RateAdapter
 from transport.base import AudioOut, InputEvent, ProtocolError
 from transport.events import SessionEvent
+from transport.limits import LOOPBACK, within
 from transport.telephony.audiosocket import (
     FRAME_S, HANGUP, AudioSocketCall, CallEnded, FrameParser, encode_audio, encode_frame)
 from transport.playback import Playback
@@ -31,7 +32,6 @@ log = logging.getLogger("duplex.audiosocket")
 READ_BYTES = 4096
 CLOSE_TIMEOUT_S = 2.0  # the hang-up frame's last chance to go out
 _END = object()
-LOOPBACK = ("127.0.0.0/8", "::1/128")
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -48,13 +48,7 @@ def networks(cidrs: Sequence[str]) -> list[Network]:
 
 def source_allowed(peer: str | None, allowed: Sequence[Network]) -> bool:
     """Whether a connection from address `peer` may place a call (IPv4-mapped IPv6 as IPv4)."""
-    try:
-        ip = ipaddress.ip_address((peer or "").split("%")[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return any(ip.version == n.version and ip in n for n in allowed)
+    return within(peer, allowed)
 
 
 class AudioSocketTransport:
