@@ -178,7 +178,7 @@ class LlamaCppChat:
                     self._llm.create_chat_completion(messages=template_messages(messages), max_tokens=1,
                                                      temperature=0.0, **({"tools": tools} if tools else {}))
                     return
-                for end in range(WARM_PIECE, len(tokens) + WARM_PIECE, WARM_PIECE):
+                for end in warm_pieces(self._cached_prefix(tokens), len(tokens)):
                     if stop is not None and stop.is_set():
                         return
                     steps = self._llm.generate(tokens[:end], temp=0.0)
@@ -186,6 +186,10 @@ class LlamaCppChat:
                         next(steps)
                     finally:
                         steps.close()
+
+    def _cached_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens` llama.cpp holds evaluated already (its cache's common prefix)."""
+        return self._llm.longest_token_prefix(self._llm._input_ids[:self._llm.n_tokens], tokens)
 
     def _prompt_tokens(self, messages: list[Message], tools: list[dict] | None) -> list[int] | None:
         """The prompt's tokens exactly as create_chat_completion makes them with the GGUF's own
@@ -213,6 +217,14 @@ class LlamaCppChat:
 
 
 WARM_PIECE = 64  # tokens a read-ahead evaluates at a time
+
+
+def warm_pieces(cached: int, total: int) -> list[int]:
+    """The prompt lengths a read-ahead evaluates in turn: a piece at a time after the `cached`
+    tokens llama.cpp holds already. A piece that ends inside the cached prefix would cut the
+    cache back to its end (llama.cpp keeps only the prompt it was last given), so that every
+    turn would read the prompt again from there."""
+    return [*range(cached + WARM_PIECE, total, WARM_PIECE), total] if cached < total else []
 
 
 def _template_formatter(llm):

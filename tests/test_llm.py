@@ -95,6 +95,47 @@ async def test_warm_on_a_partial_transcript_is_reused_up_to_the_words_so_far(mod
     assert cold - warm >= words, (cold, warm, words)  # the user header and the words so far
 
 
+async def test_a_read_ahead_of_a_long_prompt_evaluates_only_what_the_cache_lacks(model):
+    # a conversation's prompt outgrows one read-ahead piece within a few turns; each turn's
+    # read-ahead (the user's words so far) must evaluate only the new words, not cut the cache
+    # back to its first piece and read the rest of the prompt again
+    from llm.llamacpp import WARM_PIECE
+
+    llm = model._llm
+    history = [SYSTEM]
+    for i in range(6):
+        history += [{"role": "user", "content": f"Tell me fact number {i} about owls, please."},
+                     {"role": "assistant", "content": f"Owls can turn their heads a long way, fact {i}."}]
+    assert len(model._prompt_tokens(history, None)) > 2 * WARM_PIECE
+    model.warm(history)
+    evaluated: list[int] = []
+    plain_eval = llm.eval
+
+    def counting_eval(tokens):
+        evaluated.append(len(tokens))
+        return plain_eval(tokens)
+
+    llm.eval = counting_eval
+    try:
+        model.warm([*history, {"role": "user", "content": "And what"}])
+        model.warm([*history, {"role": "user", "content": "And what do owls eat?"}])
+    finally:
+        del llm.eval
+    new_words = len(llm.tokenize(b"<|im_start|>user\nAnd what do owls eat?<|im_end|>\n<|im_start|>assistant\n",
+                                 add_bos=False, special=True))
+    # each read-ahead evaluates the user's turn from where its words changed (its end marks twice)
+    assert sum(evaluated) <= 2 * new_words, (evaluated, new_words)
+
+
+def test_read_ahead_pieces_start_after_the_cached_prefix():
+    from llm.llamacpp import WARM_PIECE as P, warm_pieces
+
+    assert warm_pieces(0, 150) == [P, 2 * P, 150]
+    assert warm_pieces(93, 300) == [93 + P, 93 + 2 * P, 93 + 3 * P, 300]
+    assert warm_pieces(290, 300) == [300]
+    assert warm_pieces(300, 300) == []  # all of it is cached: nothing to evaluate
+
+
 async def test_every_llama_call_runs_on_the_one_model_thread(model):
     """llama.cpp's OpenMP keeps a worker team per calling thread; calls from rotating pool
     threads made several teams and slowed every token (see llm/llamacpp.py). Warm-ups from any
