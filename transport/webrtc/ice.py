@@ -5,7 +5,8 @@ aiortc falls back to Google's STUN server when given no list. So:
 
 - `host_addresses(hosts)` is a context in which aioice gathers exactly `hosts` (127.0.0.1
   included): a ContextVar read by a thin wrapper around `aioice.ice.get_host_addresses`, the
-  one function aioice's `Connection.gather_candidates` asks. Gathering runs in tasks created
+  one function aioice's `Connection.gather_candidates` asks (the first such context puts it in
+  aioice's place; importing this module does not). Gathering runs in tasks created
   inside `setLocalDescription`, which inherit the context, so the choice holds for the one peer
   connection negotiated inside the `with` and for no other (other peers in the process keep
   aioice's default);
@@ -26,7 +27,7 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCIceTransportPolicy
 from transport.webrtc.ice_servers import IceServer
 
 _HOSTS: ContextVar[tuple[str, ...] | None] = ContextVar("duplex_ice_hosts", default=None)
-_aioice_host_addresses = aioice.ice.get_host_addresses
+_aioice_host_addresses = aioice.ice.get_host_addresses  # aioice's own: nothing here replaces it at import
 
 
 def _host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
@@ -36,8 +37,11 @@ def _host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
     return [h for h in hosts if (use_ipv4 if ipaddress.ip_address(h).version == 4 else use_ipv6)]
 
 
-if getattr(aioice.ice.get_host_addresses, "__module__", "") != __name__:
-    aioice.ice.get_host_addresses = _host_addresses
+def _wrap_aioice() -> None:
+    """Put `_host_addresses` in aioice's place, once, when a choice is first made (outside one it
+    answers as aioice does): importing this module changes no library."""
+    if aioice.ice.get_host_addresses is not _host_addresses:
+        aioice.ice.get_host_addresses = _host_addresses
 
 
 def check_hosts(hosts: Sequence[str]) -> tuple[str, ...]:
@@ -54,6 +58,8 @@ def check_hosts(hosts: Sequence[str]) -> tuple[str, ...]:
 def host_addresses(hosts: Sequence[str] | None) -> Iterator[None]:
     """Gather only `hosts` as host candidates for what is negotiated inside (None: aioice's choice)."""
     token = _HOSTS.set(check_hosts(hosts) if hosts else None)
+    if hosts:
+        _wrap_aioice()
     try:
         yield
     finally:
