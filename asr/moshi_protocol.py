@@ -13,6 +13,7 @@ import msgpack
 import numpy as np
 
 SAMPLE_RATE = 24000
+FRAME_SIZE = 1920  # 80 ms: one model step, answered by one Step
 MAX_PCM_SAMPLES = 10 * SAMPLE_RATE  # one message may carry at most the whole input buffer
 MAX_MARKER_ID = 2**63 - 1
 

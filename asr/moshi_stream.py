@@ -50,10 +50,9 @@ from asr.base import (
     Word,
     WordEvent,
 )
-from asr.moshi_protocol import SAMPLE_RATE, EndWord, Error, MarkerReply, ServerMessage, Step
+from asr.moshi_protocol import FRAME_SIZE, SAMPLE_RATE, EndWord, Error, MarkerReply, ServerMessage, Step
 from asr.moshi_protocol import Word as WordMessage
 
-FRAME_SIZE = 1920  # 80 ms: one model step
 MAX_CHUNK = 12 * FRAME_SIZE  # samples per message/feed call (about 1 s)
 DEFAULT_FLUSH_MARGIN_FRAMES = 2  # audio past `until_s` before the marker: trailing text tokens close
 PRUNE_SLACK_S = 10  # inserted stretches this far behind the latest word time are forgotten

@@ -64,10 +64,10 @@ from agent.conversation.turns import (
     TurnMachine,
 )
 from asr.base import SPEECH_RATE
+from asr.vad import FRAME
 from tts.chunking import ends_sentence
 
 RATE = SPEECH_RATE  # what the VAD and the end-of-turn model hear
-FRAME = 512
 FRAME_S = FRAME / RATE
 LEAD_S = 0.5
 TAIL_S = 2.5

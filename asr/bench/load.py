@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from asr.moshi_protocol import FRAME_SIZE as FRAME
 from asr.moshi_protocol import SAMPLE_RATE
-
-FRAME = 1920
 
 
 def rss_mib(pid: int | None = None) -> float:

@@ -38,15 +38,15 @@ import numpy as np
 import soxr
 
 from asr.base import SPEECH_RATE as WHISPER_RATE
+from asr.moshi_protocol import FRAME_SIZE as STEP_IN  # 80 ms at 24 kHz: one moshi step
 from asr.moshi_protocol import SAMPLE_RATE as IN_RATE
 from asr.moshi_protocol import EndWord, MarkerReply, ServerMessage, Step, Word
 from asr.engine.scheduler import BufferedSession, ServiceShell
+from asr.vad import FRAME as VAD_WINDOW  # Silero's window at 16 kHz (32 ms)
 from asr.vad import SileroVAD
 from asr.whisper import UtteranceDecoder, WhisperRecognizer
 
-STEP_IN = 1920  # 80 ms at 24 kHz: one moshi step
 STEP_16K = STEP_IN * WHISPER_RATE // IN_RATE  # 1280
-VAD_WINDOW = 512  # Silero's window at 16 kHz (32 ms)
 
 # A VAD stream: fed 16 kHz float32 samples, returns one speech probability per completed
 # 512-sample window (the i-th value scores stream samples [512 i, 512 (i + 1))). This is the
