@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from llm.base import Message, ReadAheadStop
 from llm.bridge import iterate_in_thread
+from llm.no_repeat import NGRAM, NoRepeat, earlier_replies
 from llm.tool_format import ToolCallText, template_messages
 from llm.tool_results import for_size
 
@@ -117,8 +118,10 @@ def stoppable(llama, stop: ReadAheadStop | None):
 
 class LlamaCppChat:
     def __init__(self, model_path: str, n_ctx: int = 2048, n_threads: int | None = None,
-                 temperature: float = 0.2, max_tokens: int = 96, seed: int = 0, name: str | None = None):
+                 temperature: float = 0.2, max_tokens: int = 96, seed: int = 0, name: str | None = None,
+                 no_repeat: int = NGRAM):
         self.name = name or os.path.basename(model_path)
+        self.no_repeat = no_repeat  # tokens in a row a reply may not copy from an earlier one (0: off)
         self.max_tokens = max_tokens
         self.temperature = temperature
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
@@ -136,16 +139,17 @@ class LlamaCppChat:
         with self._lock:
             if stop.is_set():
                 return
+            sampling = {"temperature": self.temperature, "logits_processor": self._no_repeat(messages)}
             if prefix:  # the answer so far, to go on from: the templated prompt, then its words
                 form = self._formatter(messages=template_messages(messages), **({"tools": tools} if tools else {}))
                 chunks = self._llm.create_completion(
-                    prompt=form.prompt + prefix, max_tokens=max_tokens, temperature=self.temperature, stream=True,
-                    stop=form.stop, stopping_criteria=form.stopping_criteria)
+                    prompt=form.prompt + prefix, max_tokens=max_tokens, stream=True,
+                    stop=form.stop, stopping_criteria=form.stopping_criteria, **sampling)
                 text = lambda chunk: chunk["choices"][0].get("text")  # noqa: E731
             else:  # the GGUF's own chat template lays out the tools and asks for its tool-call format
                 chunks = self._llm.create_chat_completion(
-                    messages=template_messages(messages), max_tokens=max_tokens, temperature=self.temperature,
-                    stream=True, **({"tools": tools} if tools else {}))
+                    messages=template_messages(messages), max_tokens=max_tokens, stream=True,
+                    **({"tools": tools} if tools else {}), **sampling)
                 text = lambda chunk: chunk["choices"][0].get("delta", {}).get("content")  # noqa: E731
             calls = ToolCallText() if tools else None
             try:
@@ -159,6 +163,16 @@ class LlamaCppChat:
                         yield from calls.flush()
             finally:
                 chunks.close()
+
+    def _no_repeat(self, messages: list[Message]):
+        """A logits processor that keeps the reply from copying an earlier one (llm/no_repeat.py)."""
+        replies = earlier_replies(messages) if self.no_repeat else []
+        if not replies:
+            return None
+        import llama_cpp
+
+        tokenized = [self._llm.tokenize(text.encode("utf-8"), add_bos=False) for text in replies]
+        return llama_cpp.LogitsProcessorList([NoRepeat(tokenized, self.no_repeat).logits_processor()])
 
     def warm(self, messages: list[Message], stop: ReadAheadStop | None = None, tools: list[dict] | None = None) -> None:
         self._thread.submit(self._warm, list(messages), stop, tools).result()

@@ -127,6 +127,34 @@ async def test_a_read_ahead_of_a_long_prompt_evaluates_only_what_the_cache_lacks
     assert sum(evaluated) <= 2 * new_words, (evaluated, new_words)
 
 
+async def test_a_reply_does_not_copy_an_earlier_reply(model):
+    # asked the same thing again, a small model greedy says its earlier answer word for word;
+    # with the earlier replies' runs ruled out it answers in other words
+    from llm.no_repeat import NGRAM
+
+    question = {"role": "user", "content": "What do owls eat?"}
+    temperature, model.temperature = model.temperature, 0.0
+    try:
+        model.no_repeat = 0
+        earlier = "".join([t async for t in model.stream([SYSTEM, question], max_tokens=24)])  # its own answer
+        messages = [SYSTEM, question, {"role": "assistant", "content": earlier}, question]
+        copied = "".join([t async for t in model.stream(messages, max_tokens=24)])
+        model.no_repeat = NGRAM
+        fresh = "".join([t async for t in model.stream(messages, max_tokens=24)])
+    finally:
+        model.temperature = temperature
+    tokens = lambda text: model._llm.tokenize(text.strip().encode(), add_bos=False)  # noqa: E731
+
+    def longest_copy(text: str) -> int:
+        a, b = tokens(text), tokens(earlier)
+        return max((k for i in range(len(a)) for j in range(len(b))
+                    for k in [next((k for k in range(min(len(a) - i, len(b) - j)) if a[i + k] != b[j + k]),
+                                   min(len(a) - i, len(b) - j))]), default=0)
+
+    assert longest_copy(copied) >= NGRAM, copied  # the model copies without the rule
+    assert longest_copy(fresh) < NGRAM, fresh
+
+
 def test_read_ahead_pieces_start_after_the_cached_prefix():
     from llm.llamacpp import WARM_PIECE as P, warm_pieces
 
