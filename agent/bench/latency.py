@@ -36,10 +36,11 @@ import numpy as np
 from agent.conversation.endpointing import DEFAULT_POLICY, POLICIES, policy_named
 from agent.tracing.stages import STAGE_KEYS, breakdown
 from agent.workers import run_in
+from asr.base import SPEECH_RATE
 from llm import bundled
 from tts.base import known_text
 
-ASR_RATE = 16000
+ASR_RATE = SPEECH_RATE  # the clips are made at the rate the recognizer hears
 LEAD_S = 0.5  # silence before each input, so the VAD pre-roll holds audio before the speech
 END_THRESHOLD = 0.01  # of full scale
 END_SMOOTH_S = 0.005  # centered moving-average window of |x| before thresholding
