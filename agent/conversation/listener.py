@@ -33,8 +33,10 @@ from agent.conversation.listening import (
 from agent.conversation.turns import State, TurnMachine
 from agent.tracing.trace import Ev, Stage
 from agent.workers import cancel_and_wait, run_in
+from asr.base import SPEECH_RATE as VAD_RATE
 from asr.base import Gap, Partial, RecognizerFailed, RecognizerStream, StreamingRecognizer, Utterances, Word
 from asr.ring import AudioRing
+from asr.vad import FRAME as VAD_FRAME
 from asr.words import HeardWords
 from llm.base import ReadAheadStop
 from transport.audio import StreamResampler
@@ -46,8 +48,6 @@ __all__ = ["Listener", "ListenerConfig", "ListenerEvent", "StateChange", "UserSt
            "FalseInterruption", "RecognizerLost", "VAD_RATE", "VAD_FRAME", "VAD_FRAME_S"]
 
 log = logging.getLogger("duplex.listener")
-VAD_RATE = 16000
-VAD_FRAME = 512  # samples per VAD window, aligned with the stream's start
 VAD_FRAME_S = VAD_FRAME / VAD_RATE
 
 
