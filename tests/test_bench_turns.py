@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from agent.bench import turns as bt
-from agent.conversation.endpointing import CombinedPolicy, RulesPolicy
+from agent.conversation.endpointing import CombinedPolicy, RulesPolicy, SmartTurnPolicy
 from agent.conversation.turns import TurnConfig
 from tests.helpers import flite_available
 
@@ -97,6 +97,29 @@ def test_combined_asks_smart_turn_after_the_text_only_when_it_could_change_the_w
     assert o.features[1][0] == pytest.approx(41 * F + 0.165, abs=1e-3)
     assert o.end_s == pytest.approx(o.features[1][0], abs=1e-3)
     assert fence.calls == {"eou": 1, "asr": 1, "text": 1}
+
+
+def test_a_silences_early_decode_waits_for_the_one_before_as_in_the_listener():
+    # a second short silence while the first one's decode runs (300 ms): its early decode, and
+    # the smart-turn check before it, wait for that decode; by then the user speaks again, so
+    # neither is asked (ListenMachine.on_early_turn). The third silence's are.
+    u = _utt("." * 10 + "#" * 30 + "..." + "#" * 4 + "..." + "#" * 4 + "." * 60, complete=True)
+    stub = Stub(audio_p=0.9, text="so I was")
+    pol = bt.Policy("smart-turn", TurnConfig(endpointing=SmartTurnPolicy()))
+    o = bt.replay(u, pol, stub.models(), bt.Costs(eou_s=0.025, asr_s=0.3))
+    assert [k for _, k, _ in o.features] == ["audio_p", "text", "audio_p"]
+    assert stub.calls == {"eou": 2, "asr": 2, "text": 0}
+    assert o.features[2][0] == pytest.approx(55 * F + 0.025, abs=1e-3)
+    assert o.end_s == pytest.approx(61 * F)  # "complete": at the pause, 7 frames after the speech
+
+
+def test_the_text_model_is_asked_once_per_silence_and_text():
+    # the transcript is judged before the pause and again at it: one check, the pause waits for it
+    u = _utt("." * 10 + "#" * 30 + "." * 60, complete=True)
+    pol = bt.Policy("combined", TurnConfig(endpointing=CombinedPolicy()))
+    o = bt.replay(u, pol, Stub(audio_p=0.1, text="so I was", text_p=1e-9).models(), bt.Costs())
+    assert [k for _, k, _ in o.features].count("text_p") == 1
+    assert o.features[0][0] == pytest.approx(41 * F + 0.14, abs=1e-3)
 
 
 def test_the_joined_halves_are_labelled_where_the_pause_is():

@@ -14,22 +14,23 @@ The true ends are read from the audio (`speech_end_offset`, as `bench latency`):
 speech, and for an incomplete one the pause (end of the first half, start of the second).
 
 For each policy (a `TurnConfig`) every utterance is replayed, frame by frame, through the
-real models and the real `TurnMachine`, as `agent.conversation.listener.Listener` drives them:
+listener's own machine (`agent.conversation.listening.ListenMachine`, which holds the real
+`TurnMachine` and every listener decision: when smart-turn, the early decode and the text turn
+model are asked, which silence each answer belongs to, at most `max_speculations_per_turn`
+early decodes a turn, one smart-turn check at a time, one text check per silence and text). The
+bench is only its shell (`_Replay`, as agent/conversation/listener.py is the live one):
 - real: Silero VAD probabilities and frame levels (32 ms frames, aligned with the stream);
-  the machine's commands; smart-turn on the audio the listener gives it (the last 8 s up to the
-  last whole VAD frame, padded by `as_of_pause`), asked at `SpeechStopped` and at `SpeechPaused`
-  unless asked for that silence ("combined": after the text score, and only when it could still
-  change the wait, `TurnMachine.wants_audio_verdict`); Whisper tiny.en on the utterance from
-  `preroll_s` before its start to `final_pad_s` after the end of speech (the early decode),
-  after the smart-turn verdict where that comes first, skipped when the user spoke again
-  meanwhile, at most `max_speculations_per_turn` a turn; `ends_sentence` of that transcript;
-  the text turn model (`TextTurnScorer`) on it, for the policies that use it.
+  smart-turn on the audio the listener gives it (the last 8 s up to the last whole VAD frame
+  heard, padded by `as_of_pause`); Whisper tiny.en on the utterance from `preroll_s` before its
+  start to the early decode's end (`final_pad_s` after the end of speech); the text turn model
+  (`TextTurnScorer`), for the policies that use it.
 - simulated: the clock. Audio is not played in real time; each model call is placed on the
   stream clock at a fixed cost (`--eou-ms`, `--asr-ms`, `--text-ms`, one worker, calls in
-  order), and its verdict reaches the machine at the first VAD frame after it is done. The
-  cost each call measures where the bench runs is printed beside them. Not simulated: the
-  recognizer's partials (they feed only barge-in), the session's speculation (LLM, TTS) and any
-  load they put on the CPU, transport chunking and resampling.
+  order), and its answer reaches the machine when it is done (the stream clock moved to that
+  time; the frames go on meanwhile). The cost each call measures where the bench runs is
+  printed beside them. Not simulated: the recognizer's partials (they feed only barge-in and
+  the text model's read-ahead), the session's speculation (LLM, TTS) and any load they put on
+  the CPU, transport chunking and resampling.
 Measured: latency = the time the turn ended minus the true end of speech (complete utterances,
 p50/p90); false cut-off = an incomplete utterance whose turn ended before its second half began
 (+ `min_speech_s`, the speech the machine needs to hear it); a complete one whose turn ended
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import heapq
 import json
 import os
 import shutil
@@ -54,18 +56,21 @@ from agent.bench.latency import _dev_clip, _pct, default_dev_dir, speech_end_off
 from agent.bench.quality import speak
 from agent.conversation.endpointing import CombinedPolicy, RulesPolicy, SmartTurnPolicy
 from agent.conversation.eou import as_of_pause
-from agent.conversation.turns import (
-    EndOfTurn,
-    SpeechPaused,
-    SpeechResumed,
-    SpeechStopped,
-    StartUtterance,
-    TurnConfig,
-    TurnMachine,
+from agent.conversation.listening import (
+    AwaitAudioCheck,
+    AwaitTextTurn,
+    BeginUtterance,
+    CheckAudioTurn,
+    CheckTextTurn,
+    DecodeEarly,
+    EndTurn,
+    ListenerConfig,
+    ListenMachine,
+    QueueEarlyDecode,
 )
+from agent.conversation.turns import TurnConfig
 from asr.base import SPEECH_RATE
 from asr.vad import FRAME
-from tts.chunking import ends_sentence
 
 RATE = SPEECH_RATE  # what the VAD and the end-of-turn model hear
 FRAME_S = FRAME / RATE
@@ -121,11 +126,6 @@ class Policy:
     sweep: str = "eou_threshold"  # the policy's field its trade-off curve varies
     sweep_values: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
-    @property
-    def text_model(self) -> bool:
-        """Asks the text turn model after the transcript."""
-        return self.config.endpointing.uses_text_model
-
     def with_value(self, value: float) -> Policy:
         """This policy with its swept field set to `value`."""
         return replace(self, config=replace(self.config, endpointing=replace(self.config.endpointing,
@@ -139,7 +139,7 @@ class Outcome:
     end_s: float | None  # stream time the turn ended (None: never within the tail)
     latency_ms: float | None  # end - true end of speech
     cut_off: bool  # ended before the utterance's true end (inside the pause if incomplete)
-    features: list = field(default_factory=list)  # (t, kind, value) as they reached the machine
+    features: list = field(default_factory=list)  # (t, kind, value): the models' answers as they reached the machine
 
 
 # ---- audio ---------------------------------------------------------------------------------
@@ -321,136 +321,157 @@ class CachedModels:
         return self._get("text", text, self.text, text)
 
 
-def replay(u: Utterance, policy: Policy, models: CachedModels, costs: Costs, max_decodes: int = 5,
-           final_pad_s: float = 0.12) -> Outcome:
-    """One utterance through the turn machine as the listener drives it (see the module doc)."""
+class _Wait:
+    """What a parked task waits for: the end of an early decode or of a smart-turn check."""
+
+    def __init__(self, done: bool = False):
+        self.done = done
+        self.waiters: list = []
+
+
+class _Replay:
+    """The listener's shell on the simulated stream clock: it carries out `ListenMachine`'s
+    commands as agent/conversation/listener.py does, with tasks that are generators here. A task
+    parks by yielding the stream time its work is done (a model call on the one worker, at its
+    cost) or a `_Wait`; it is resumed then, and what the call answered goes back to the machine."""
+
+    def __init__(self, u: Utterance, models: CachedModels, costs: Costs, listener: ListenerConfig):
+        self.u, self.models, self.costs = u, models, costs
+        self.m = ListenMachine(listener, audio_model=models.eou is not None, text_model=models.text is not None)
+        self.due: list = []  # heap of (stream time, seq, task): parked tasks and tasks spawned
+        self.seq = 0
+        self.busy_until = 0.0  # the one worker the model calls queue on, in order
+        self.frames = 0  # VAD frames heard
+        self.t_start = 0.0  # where the utterance's decode starts (its preroll included)
+        self.early = _Wait(done=True)  # the last early decode queued
+        self.audio = _Wait(done=True)  # the last smart-turn check
+        self.text_due = 0.0  # when the last text turn check is done
+        self.end_s: float | None = None
+        self.features: list = []
+
+    def run(self) -> float | None:
+        """The stream time the turn ended (None: not within the utterance)."""
+        m = self.m
+        for i, (p, level) in enumerate(zip(self.u.probs, self.u.levels)):
+            t = round((i + 1) * FRAME_S, 6)
+            while self.due and self.due[0][0] <= t and self.end_s is None:
+                at, _, task = heapq.heappop(self.due)
+                self._clock(at)
+                self._step(task)
+            if self.end_s is not None:
+                break
+            self._clock(t)
+            self.frames += 1
+            self._step(self._carry(m.on_vad([p], [level], FRAME_S, FRAME_S)))
+            if self.end_s is not None:
+                break
+        return self.end_s
+
+    # ---- tasks ----------------------------------------------------------------------------------
+    def _clock(self, t: float) -> None:
+        if t > self.m.t_audio:
+            self.m.on_audio(t - self.m.t_audio)
+
+    def _at(self, t: float, task) -> None:
+        self.seq += 1
+        heapq.heappush(self.due, (t, self.seq, task))
+
+    def _spawn(self, task) -> None:
+        self._at(self.m.t_audio, task)  # it runs once the current one waits, as asyncio's would
+
+    def _step(self, task) -> None:
+        while True:
+            try:
+                wait = next(task)
+            except StopIteration:
+                return
+            if isinstance(wait, _Wait):
+                if not wait.done:
+                    wait.waiters.append(task)
+                    return
+            elif wait > self.m.t_audio:
+                self._at(wait, task)
+                return
+
+    def _finish(self, wait: _Wait) -> None:
+        wait.done = True
+        for task in wait.waiters:
+            self._spawn(task)
+        wait.waiters = []
+
+    def _work(self, cost: float) -> float:
+        """A model call queued on the worker now: when it is done."""
+        self.busy_until = max(self.m.t_audio, self.busy_until) + cost
+        return self.busy_until
+
+    # ---- the machine's commands -------------------------------------------------------------------
+    def _carry(self, commands):
+        for c in commands:
+            yield from self._do(c)
+
+    def _do(self, c):
+        m, u = self.m, self.u
+        if isinstance(c, EndTurn):
+            if self.end_s is None:
+                self.end_s = m.t_audio
+        elif isinstance(c, BeginUtterance):
+            self.t_start = c.t_start
+        elif isinstance(c, QueueEarlyDecode):
+            previous, self.early = self.early, _Wait()
+            self._spawn(self._early_decode(c, previous, self.early))
+        elif isinstance(c, DecodeEarly):
+            a, b = int(self.t_start * RATE), int(c.until * RATE)
+            text = self.models.transcript(u.name, (a, b), u.pcm[a:b])
+            yield self._work(self.costs.asr_s)
+            if not m.policy.uses_text_model:
+                self.features.append((round(m.t_audio, 3), "text", text))
+            yield from self._carry(m.on_early_transcript(c.t_speech_end, text))
+        elif isinstance(c, CheckAudioTurn):
+            # up to the last whole VAD frame heard, as it will be at the pause
+            end = self.frames * FRAME
+            audio = as_of_pause(u.pcm[max(0, end - 8 * RATE):end], c.heard_silence_s, c.pause_s)
+            p = self.models.eou_p(u.name, (self.frames - 1, round(c.heard_silence_s, 4)), audio)
+            self.audio = _Wait()
+            self._spawn(self._audio_check(c.t_speech_end, p, self._work(self.costs.eou_s), self.audio))
+        elif isinstance(c, AwaitAudioCheck):
+            yield self.audio
+        elif isinstance(c, CheckTextTurn):
+            p = self.models.text_p(c.text)
+            self.text_due = due = self._work(self.costs.text_s)
+            yield due
+            self.features.append((round(due, 3), "text_p", (c.text, round(float(np.log10(max(p, 1e-12))), 2))))
+            yield from self._carry(m.on_text_verdict(c.t_speech_end, c.text, p))
+        elif isinstance(c, AwaitTextTurn):  # the check started for this silence and text
+            yield self.text_due
+            yield from self._carry(m.on_text_verdict(c.t_speech_end, c.text, self.models.text_p(c.text)))
+        # the rest tells the session or the recognizer, or marks the trace: nothing to time here
+
+    def _early_decode(self, c: QueueEarlyDecode, previous: _Wait, done: _Wait):
+        yield previous
+        yield from self._carry(self.m.on_early_turn(c.t_speech_end, c.until))
+        self._finish(done)
+
+    def _audio_check(self, t_speech_end: float, p: float, due: float, done: _Wait):
+        yield due
+        self.features.append((round(self.m.t_audio, 3), "audio_p", round(p, 3)))
+        yield from self._carry(self.m.on_audio_verdict(p, t_speech_end))
+        self.m.on_audio_check_ended()
+        self._finish(done)
+
+
+def replay(u: Utterance, policy: Policy, models: CachedModels, costs: Costs, **listener) -> Outcome:
+    """One utterance through the listener's machine (see the module doc); `listener`: fields of
+    `ListenerConfig` other than `turns` (the listener's defaults otherwise)."""
     cfg = policy.config
-    m = TurnMachine(cfg)
-    events: list[tuple[float, int, object]] = []  # (time due, seq, action)
-    seq = 0
-    busy_until = 0.0  # the one worker the model calls queue on
-    eou_asked: float | None = None
-    early_for: float | None = None  # the silence of the last SpeechStopped (listener's _early)
-    early_text: tuple[float, str] | None = None
-    decodes = 0
-    utt_t0 = 0.0
-    features: list = []
-    out: list = []
-
-    def schedule(due: float, action) -> None:
-        nonlocal seq
-        seq += 1
-        events.append((due, seq, action))
-
-    def still_silent(t_end: float) -> bool:
-        return not m.in_speech and early_for == t_end
-
-    def ask_eou(t: float, i: int, t_end: float) -> float | None:
-        """Start the smart-turn check (once per silence); returns when its verdict is due."""
-        nonlocal eou_asked, busy_until
-        if not cfg.endpointing.uses_audio_model or eou_asked == t_end:
-            return None
-        eou_asked = t_end
-        end = (i + 1) * FRAME
-        audio = as_of_pause(u.pcm[max(0, end - 8 * RATE):end], m.vad_silence_s, cfg.pause_s)
-        p = models.eou_p(u.name, (i, round(m.vad_silence_s, 4)), audio)
-        due = max(t, busy_until) + costs.eou_s
-        busy_until = due
-
-        def deliver(te):
-            features.append((round(te, 3), "audio_p", round(p, 3)))
-            return m.on_eou(te, p, t_end)
-        schedule(due, deliver)
-        return due
-
-    def on_transcript(te: float, t_end: float, text: str):
-        if m.in_speech or m.state.value not in ("user_speaking", "endpoint_pending") or not any(
-                ch.isalnum() for ch in text):
-            return []
-        complete = ends_sentence(text)
-        if not policy.text_model:
-            features.append((round(te, 3), "text", text))
-            return m.on_transcript(te, complete, None, t_end)
-        p = models.text_p(text)
-        nonlocal busy_until
-        due = max(te, busy_until) + costs.text_s
-        busy_until = due
-
-        def deliver(td):
-            if m.in_speech:
-                return []
-            features.append((round(td, 3), "text_p", (text, round(float(np.log10(max(p, 1e-12))), 2))))
-            cmds = m.on_transcript(td, complete, p, t_end)
-            if not m.policy.audio_first and not cmds and m.wants_audio_verdict():
-                ask_eou(td, int(td / FRAME_S + 1e-9) - 1, t_end)  # the listener's last whole frame
-            return cmds
-        schedule(due, deliver)
-        return []
-
-    def early_transcript(t: float, i: int, t_end: float, until: float) -> None:
-        nonlocal decodes
-        if not still_silent(t_end) or decodes >= max_decodes:
-            return
-        decodes += 1
-        due = (ask_eou(t, i, t_end) if m.policy.audio_first else None) or max(t, busy_until)
-
-        def decode(te):
-            nonlocal busy_until
-            if not still_silent(t_end):
-                return []
-            a, b = int(utt_t0 * RATE), int(until * RATE)
-            text = models.transcript(u.name, (a, b), u.pcm[a:b])
-            done = max(te, busy_until) + costs.asr_s
-            busy_until = done
-
-            def arrived(td):
-                nonlocal early_text
-                early_text = (t_end, text)
-                return on_transcript(td, t_end, text) if still_silent(t_end) else []
-            schedule(done, arrived)
-            return []
-        schedule(due, decode)
-
-    def run(cmds, t: float, i: int):
-        nonlocal utt_t0, early_for, decodes, early_text
-        for c in cmds:
-            out.append((t, c))
-            if isinstance(c, StartUtterance):
-                decodes = 0
-                early_text = None
-                utt_t0 = max(0.0, c.t_start - cfg.preroll_s)
-            elif isinstance(c, SpeechStopped):
-                early_for = c.t_speech_end
-                early_transcript(t, i, c.t_speech_end, min(c.t_speech_end + final_pad_s, t))
-            elif isinstance(c, SpeechPaused):
-                if m.policy.audio_first:
-                    ask_eou(t, i, c.t_speech_end)
-                if early_text is not None and early_text[0] == c.t_speech_end:
-                    run(on_transcript(t, c.t_speech_end, early_text[1]), t, i)
-            elif isinstance(c, SpeechResumed):
-                pass
-
-    end_s = None
-    for i, (p, level) in enumerate(zip(u.probs, u.levels)):
-        t = round((i + 1) * FRAME_S, 6)
-        while events and min(events)[0] <= t and end_s is None:
-            events.sort()
-            due, _, action = events.pop(0)
-            run(action(due), due, i)
-            end_s = next((tt for tt, c in out if isinstance(c, EndOfTurn)), None)
-        if end_s is not None:
-            break
-        run(m.on_vad(t, p, FRAME_S, level), t, i)
-        end_s = next((tt for tt, c in out if isinstance(c, EndOfTurn)), None)
-        if end_s is not None:
-            break
+    r = _Replay(u, models, costs, ListenerConfig(cfg, **listener))
+    end_s = r.run()
     if end_s is None:
-        return Outcome(u.name, u.complete, None, None, False, features)
+        return Outcome(u.name, u.complete, None, None, False, r.features)
     if u.complete:
         cut = end_s < u.speech_end_s
     else:
         cut = end_s < u.pause[1] + cfg.min_speech_s
-    return Outcome(u.name, u.complete, end_s, round((end_s - u.speech_end_s) * 1000, 1), cut, features)
+    return Outcome(u.name, u.complete, end_s, round((end_s - u.speech_end_s) * 1000, 1), cut, r.features)
 
 
 def summarize(outcomes: list[Outcome]) -> dict:
