@@ -19,8 +19,19 @@ from typing import Any
 
 from agent.toolkit.tools import FunctionTool, ToolPolicy, build_tool
 
+# A small model says a statement back ("The meeting got moved to Friday." -> "The meeting was
+# moved to Friday.") unless it is told what to do with one and shown how; two examples in the
+# chat's own turn layout do most of it (docs/quality.md, `duplex bench quality`).
 DEFAULT_INSTRUCTIONS = (
-    "You are a friendly voice assistant. Reply in one or two short, plain English sentences.")
+    "You are a friendly voice assistant in a spoken conversation. If the user asks something, "
+    "answer it. If the user tells you something, react like a friend would: give your opinion, a "
+    "tip, or ask a short question about it. Never say the user's sentence back. Reply in one or "
+    "two short, plain English sentences.\n\n"
+    "For example:\n"
+    "User: I lost my keys again.\n"
+    "Assistant: That's annoying! Try the last place you sat down.\n"
+    "User: Who painted the Mona Lisa?\n"
+    "Assistant: Leonardo da Vinci.")
 
 
 @dataclass
