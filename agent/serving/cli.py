@@ -8,6 +8,7 @@ import logging
 import os
 import statistics
 import sys
+from dataclasses import replace
 
 from agent.conversation.endpointing import DEFAULT_POLICY, POLICIES, policy_named
 from llm import bundled
@@ -61,6 +62,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint-silence", type=float, default=None, metavar="S",
                    help="rules: the silence that ends a turn whose transcript ends a sentence; --no-eou: the "
                         "silence that ends every turn (default 0.5 s; what pipecat calls the VAD's stop_secs)")
+    p.add_argument("--endpoint-max-silence", type=float, default=None, metavar="S",
+                   help="rules and smart-turn: the silence that ends a turn no verdict ended sooner (default "
+                        "1.5 s; longer for a patient listener, or a slow machine whose decode comes late)")
     p.add_argument("--no-speculation", action="store_true", help="never start replies before the turn ends")
     p.add_argument("--agent", default=None, metavar="MODULE:ATTR",
                    help="serve this agent.Agent (instructions, tools, greeting): a module or a file.py, "
@@ -141,7 +145,14 @@ def _policy(args):
         raise SystemExit("--endpoint-silence must be above 0 and at most 1.5 s")
     if args.endpoint_silence is not None and name not in ("rules", "silence"):
         raise SystemExit("--endpoint-silence is for --endpointing rules or silence (or --no-eou)")
-    return policy_named(name, args.endpoint_silence)
+    policy = policy_named(name, args.endpoint_silence)
+    if args.endpoint_max_silence is not None:
+        if not hasattr(policy, "max_silence_s"):
+            raise SystemExit("--endpoint-max-silence is for --endpointing rules or smart-turn")
+        if not 0.0 < args.endpoint_max_silence <= 10.0:
+            raise SystemExit("--endpoint-max-silence must be above 0 and at most 10 s")
+        policy = replace(policy, max_silence_s=args.endpoint_max_silence)
+    return policy
 
 
 def _engine_of(recognizer):
