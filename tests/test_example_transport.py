@@ -95,4 +95,4 @@ def test_duplex_serve_listener_flag_answers_a_spoken_question(tmp_path):
     assert voiced_seconds(data) > 0.3  # its first words at least (a loaded machine may be slow with the rest)
     whisper = load_recognizer("whisper-tiny.en", options=WhisperOptions(beam_size=5)).whisper
     heard = (whisper.transcribe(reply) or ("",))[0]
-    assert len(heard.split()) >= 2, heard
+    assert "paris" in heard.lower(), heard  # the answer, however short ("Paris.")
