@@ -143,13 +143,12 @@ async def test_a_reply_does_not_copy_an_earlier_reply(model):
         fresh = "".join([t async for t in model.stream(messages, max_tokens=24)])
     finally:
         model.temperature = temperature
-    tokens = lambda text: model._llm.tokenize(text.strip().encode(), add_bos=False)  # noqa: E731
-
     def longest_copy(text: str) -> int:
-        a, b = tokens(text), tokens(earlier)
-        return max((k for i in range(len(a)) for j in range(len(b))
-                    for k in [next((k for k in range(min(len(a) - i, len(b) - j)) if a[i + k] != b[j + k]),
-                                   min(len(a) - i, len(b) - j))]), default=0)
+        """The longest run of tokens `text` shares with the earlier answer."""
+        from difflib import SequenceMatcher
+
+        a, b = (model._llm.tokenize(t.strip().encode(), add_bos=False) for t in (text, earlier))
+        return SequenceMatcher(None, a, b, autojunk=False).find_longest_match(0, len(a), 0, len(b)).size
 
     assert longest_copy(copied) >= NGRAM, copied  # the model copies without the rule
     assert longest_copy(fresh) < NGRAM, fresh
