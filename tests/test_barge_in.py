@@ -20,6 +20,7 @@ from agent.tracing.trace import Ev, Tracer
 from agent.conversation.turns import (
     CancelReply,
     DiscardTranscript,
+    EndOfTurn,
     PauseReply,
     ResumeReply,
     SpeechPaused,
@@ -71,15 +72,56 @@ def test_words_over_the_bot_cancel_it_but_backchannels_do_not():
 
 
 def test_a_backchannel_over_the_bot_resumes_it_and_is_no_turn():
-    d = speaking().frames("#" * 8 + "." * 8).eou(0.9)  # "mm-hmm", then its utterance ends
-    assert d.m.state == T
+    d = speaking()
+    n = len(d.log)
+    d.frames("#" * 8 + ".")  # "yeah": its first silent frame resumes the reply, words unknown
+    assert [type(c) for c in d.log[n:]] == [PauseReply, StartUtterance, SpeechStopped, EndOfTurn, ResumeReply]
+    assert d.log[-1].words_due and d.m.state == B
+    d.frames("." * 8).eou(0.9)
+    assert [type(c) for c in d.log[n:]][5:] == [] and d.m.state == B  # nothing more: no second end of turn
+    assert d.m.on_final(d.t, "Yeah.") == [DiscardTranscript(d.t)] and d.m.state == B
+    assert d.states()[-4:] == [B, I, T, B]
+
+
+def test_a_longer_backchannel_waits_for_its_final_to_resume():
+    d = speaking().frames("#" * 30 + "." * 8).eou(0.9)  # a long "mm-hmm" (0.96 s), then its utterance ends
+    assert d.m.state == T and ResumeReply not in d.kinds()[-6:]
     out = d.m.on_final(d.t, "Mm-hmm.")
     assert [type(c) for c in out] == [DiscardTranscript, ResumeReply] and d.m.state == B
     assert d.states()[-4:] == [I, P, T, B]
 
 
+def test_a_brief_overlap_with_words_cuts_the_reply_that_went_on_and_is_answered():
+    d = speaking().frames("#" * 12 + "." * 3)  # "Stop." (0.38 s)
+    assert d.m.state == B and isinstance(d.log[-1], ResumeReply)
+    assert d.m.on_final(d.t, "Stop.") == [CancelReply(d.t)] and d.m.state == T  # the turn's to answer
+    # the reply ended before the words came: they are a turn of their own
+    d = speaking().frames("#" * 12 + "." * 3)
+    d.m.on_reply_finished(d.t)
+    assert d.m.on_final(d.t, "Stop.") == [] and d.m.state == T
+    # the user spoke over it again meanwhile: it is paused, and cut as before
+    d = speaking().frames("#" * 12 + "." * 8 + "#" * 4)
+    assert d.m.state == I
+    assert d.m.on_final(d.t, "Wait.") == [CancelReply(d.t)] and d.m.state == U
+
+
+def test_a_pause_inside_an_interruption_is_not_a_brief_overlap():
+    # "Wait, what is ...": three frames, a comma's silence, words; the bot stays paused
+    d = speaking()
+    n = len(d.log)
+    d.frames("###" + "...." + "#" * 40)
+    assert ResumeReply not in d.kinds()[n:] and d.m.state == I
+    # and with brief overlaps off, a backchannel waits for its final as it did
+    d = Driver(brief_overlap_s=None).frames("#" * 20 + "." * 8).eou(0.9)
+    d.log += d.m.on_final(d.t, "tell me a story")
+    d.m.on_reply_started(d.t)
+    d.frames("#" * 8 + "." * 8).eou(0.9)
+    assert d.m.state == T
+    assert [type(c) for c in d.m.on_final(d.t, "Yeah.")] == [DiscardTranscript, ResumeReply]
+
+
 def test_a_final_with_words_makes_the_interruption_real():
-    d = speaking().frames("#" * 8 + "." * 8).eou(0.9)
+    d = speaking().frames("#" * 30 + "." * 8).eou(0.9)
     assert d.m.on_final(d.t, "stop") == [CancelReply(d.t)] and d.m.state == T  # the new turn's to answer
 
 
@@ -266,10 +308,29 @@ async def test_a_backchannel_over_the_bot_resumes_it_and_is_not_answered(tmp_pat
     turns, script = story_then(burst(0.5, seed=4), "mm-hmm")
     llm = ScriptedLLM(LONG)
     session, far, _, tracer = await converse(tmp_path, turns, script, llm)
-    assert trace(tracer, Ev.RESUME) and len(far.clears) == 1
+    (resume,) = trace(tracer, Ev.RESUME)
+    assert len(far.clears) == 1
+    # brief: the reply went on as it ended, before its words were known
+    (final,) = [e for e in trace(tracer, Ev.FINAL) if e.turn == 1]
+    assert resume.ts_ns < final.ts_ns
     assert len(llm.requests) == 1, "the backchannel was not answered"
     assert [r.user_text for r in session.records] == ["tell me a story", ""]
     assert session.history[-1] == {"role": "assistant", "content": LONG}
+
+
+async def test_a_brief_word_over_the_bot_resumes_it_then_its_final_cuts_it_and_is_answered(tmp_path):
+    turns, script = story_then(burst(0.4, seed=5), "stop")
+    llm = ScriptedLLM(lambda user: LONG if "story" in user else "Okay.", token_s=0.02)
+    session, far, _, tracer = await converse(tmp_path, turns, script, llm)
+    (resume,) = trace(tracer, Ev.RESUME)
+    (final,) = [e for e in trace(tracer, Ev.FINAL) if e.turn == 1]
+    assert resume.ts_ns < final.ts_ns, "the reply went on before the words were known"
+    # then the words cut it: the far end is cleared again, and they are answered
+    assert len(far.clears) == 2 and far.clears[1] >= far.clears[0]
+    first, second = session.records[0], session.records[1]
+    assert first.interrupted and second.user_text == "stop" and second.reply_text == "Okay."
+    assert is_word_prefix(first.heard_text, LONG, strict=True)
+    assert session.history[-2:] == [{"role": "user", "content": "stop"}, {"role": "assistant", "content": "Okay."}]
 
 
 @pytest.mark.parametrize("stable", ["", "and and making"])

@@ -117,7 +117,7 @@ def test_false_interruption_resumes_when_the_utterance_has_no_words():
     d = Driver().frames("#" * 20 + "." * 8).eou(0.9)
     d.m.on_reply_started(d.t)
     d.log += d.m.on_final(d.t, "what is it")  # the first turn's words
-    d.frames("#" * 12 + "." * 8).eou(0.9)  # a short noise, then the turn ends
+    d.frames("#" * 30 + "." * 8).eou(0.9)  # a noise (longer than a brief overlap), then the turn ends
     assert d.kinds()[-4:] == [StartUtterance, SpeechStopped, SpeechPaused, EndOfTurn]
     d.log += d.m.on_final(d.t, "")
     assert d.kinds()[-2:] == [DiscardTranscript, ResumeReply] and d.m.state == B
@@ -162,19 +162,20 @@ def test_quiet_speech_that_grows_to_the_users_level_pauses_the_bot_then_and_its_
 
 
 def test_a_backchannel_word_over_the_bot_lets_it_go_on_and_a_real_one_stops_it():
+    # (longer than a brief overlap, after which the reply goes on before the words: test_barge_in)
     for said in ("Yeah.", "Okay.", "Right, right.", "Uh-huh, yeah."):
         d = speaking_bot(user_level=0.3)
-        d.frames("#" * 8 + "." * 8, level=0.3).eou(0.9)
+        d.frames("#" * 30 + "." * 8, level=0.3).eou(0.9)
         d.log += d.m.on_final(d.t, said)
         assert d.kinds()[-2:] == [DiscardTranscript, ResumeReply] and d.m.state == B, said
     d = speaking_bot(user_level=0.3)
-    d.frames("#" * 8 + "." * 8, level=0.3).eou(0.9)
+    d.frames("#" * 30 + "." * 8, level=0.3).eou(0.9)
     d.log += d.m.on_final(d.t, "Okay, stop.")
     assert d.kinds()[-1] == CancelReply
     # today's behaviour is one setting away
     d = speaking_bot(user_level=0.3)
     d.m.config.backchannels = ()
-    d.frames("#" * 8 + "." * 8, level=0.3).eou(0.9)
+    d.frames("#" * 30 + "." * 8, level=0.3).eou(0.9)
     d.log += d.m.on_final(d.t, "Yeah.")
     assert d.kinds()[-1] == CancelReply
 

@@ -129,7 +129,11 @@ class UserTranscript:
 
 @dataclass(frozen=True)
 class FalseInterruption:
-    """The speech over the bot held no words (noise, a backchannel): play on from the pause."""
+    """The speech over the bot held no words (noise, a backchannel): play on from the pause.
+    `words_due`: it was brief, and the reply goes on before its words are known (they may
+    still cut it: `UserBargedIn`)."""
+
+    words_due: bool = False
 
 
 @dataclass(frozen=True)
@@ -444,8 +448,9 @@ class ListenMachine:
                 c.t_speech_end + self.config.final_pad_s, self.t_audio)
             yield EndTurn(c.t_speech_end, until)
         elif isinstance(c, ResumeReply):
-            yield DropWords(self.t_audio)  # the noise that interrupted holds no words worth keeping
-            yield Emit(FalseInterruption())
+            if not c.words_due:  # (a brief overlap's words are its final's, already due)
+                yield DropWords(self.t_audio)  # the noise that interrupted holds no words worth keeping
+            yield Emit(FalseInterruption(c.words_due))
         # DiscardTranscript: `on_final` leaves that transcript empty
 
     # ---- transcripts and verdicts ---------------------------------------------------------------

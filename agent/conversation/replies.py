@@ -111,7 +111,10 @@ class Replies:
 
     async def barge_in(self) -> Reply | None:
         """Words over the bot: cut the paused reply; returns it, its progress with what was
-        heard of it (nothing after the pause: the far end dropped it), or None if there was none."""
+        heard of it (nothing after the pause: the far end dropped it), or None if there was none.
+        A reply that went on after a brief overlap whose words come now is paused first."""
+        if not self.paused and self.current is not None:
+            await self.pause()
         self.paused = False
         reply, self.current = self.current, None
         await self.cancel_branch(CUT_BY_WORDS)

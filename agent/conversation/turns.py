@@ -39,7 +39,10 @@ States::
   `CancelReply`. An utterance whose final transcript
   holds none (a cough, a click, or only backchannels such as "mm-hmm", see `interrupting_words`)
   was not one: `ResumeReply` plays on from where the audio paused, and the transcript is not a
-  turn to answer (`DiscardTranscript`). Nor is speech followed by `false_interruption_s` of
+  turn to answer (`DiscardTranscript`). Speech over the bot that lasts `brief_overlap_s` (a
+  "yeah", an "okay") resumes the reply at its first silent frame, before its words are known,
+  and ends as a turn whose final decides later: words that interrupt cut the reply then
+  (`CancelReply`) and are answered; none leave it be. Nor is speech followed by `false_interruption_s` of
   silence with no words and no end of turn. The timeout counts from the end of that speech,
   never while it goes on: on a busy CPU the words can take seconds, and a timeout counted from
   the pause resumed the bot over real questions (`duplex bench latency` lost three turns so).
@@ -93,6 +96,13 @@ Defaults, and why:
   far below the user's turns neither pauses the bot nor starts an utterance (a voice across the
   room, a TV at -20 dB, the echo's bursts); once it grows to the user's level it pauses it as
   usual. `None`: any speech over the bot pauses it.
+- `brief_overlap_s` (0.2, 0.8): a backchannel over the bot then costs a silence as long as
+  itself (flite's "yeah", "right", "uh-huh": 0.3-0.5 s of Silero speech) instead of itself plus the
+  end of turn's wait and the decode (seconds on a busy CPU). Its lower bound keeps the first word
+  before a comma ("Wait, what ...": 0.1 s of speech, then a 0.03-0.13 s gap in flite's voices)
+  from letting the bot go on for a moment. Its cost: a short real interruption ("Stop.") hears the
+  bot go on for its decode's time before it is cut. `duplex bench overlap` measures it;
+  agent/conversation/overlap.py has the styles that set it.
 - `max_utterance_s` 25: Whisper decodes at most 30 s at once.
 - "combined" (the default): `text_weight` 3, `text_bias` 13, `threshold` 0.5, `min_wait_s` 0.1,
   chosen on `duplex bench turns` (82 complete, 150 incomplete utterances; a grid over weight
@@ -112,6 +122,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import NamedTuple
 
 from agent.conversation.endpointing import CombinedPolicy, EndOfTurnPolicy, Features
 
@@ -163,6 +174,10 @@ class TurnConfig:
     # speech over the bot this far below the user's own level neither pauses nor interrupts it:
     # the bot's echo, a TV, a voice across the room (None: any speech pauses it)
     echo_level_db: float | None = -12.0
+    # speech over the bot lasting between these (seconds) lets it go on the moment it ends, before
+    # its words are known: a backchannel costs a silence as long as itself, not its decode too;
+    # words in its final still cut the reply then (None: the reply waits for the words)
+    brief_overlap_s: tuple[float, float] | None = (0.2, 0.8)
     max_utterance_s: float = 25.0
     preroll_s: float = 0.3  # audio before the detected speech start that the recognizer gets
     quiet_db: float | None = -35.0  # the early-decode hint (None: off), below the utterance's peak
@@ -211,6 +226,7 @@ class CancelReply:
 @dataclass(frozen=True)
 class ResumeReply:
     t: float  # the interruption was noise or a backchannel: play on from where the audio paused
+    words_due: bool = False  # a brief overlap's: its final is still due and may cut the reply
 
 
 @dataclass(frozen=True)
@@ -221,6 +237,14 @@ class DiscardTranscript:
 
 Command = (StartUtterance | SpeechStopped | SpeechPaused | SpeechResumed | EndOfTurn | PauseReply | CancelReply
            | ResumeReply | DiscardTranscript)
+
+
+class _Ended(NamedTuple):
+    """A turn that ended and awaits its final."""
+
+    own: bool  # the utterance of an interruption (speech over the bot)
+    resumed: bool  # ... a brief one, after which the reply went on
+    peak: float  # its loudest frame (RMS)
 
 
 class TurnMachine:
@@ -243,8 +267,7 @@ class TurnMachine:
         self._resumable = False  # SpeechStopped sent in user_speaking: speech that goes on resumes
         self._interrupted_at: float | None = None  # the pause's time while the interruption's words are unknown
         self._resume_to = State.BOT_SPEAKING  # the state a false interruption returns to
-        # per ended turn awaiting its final: the interruption's own? and its loudest frame
-        self._finals: deque[tuple[bool, float]] = deque(maxlen=16)
+        self._finals: deque[_Ended] = deque(maxlen=16)  # the ended turns awaiting their finals
         self._user_peaks: deque[float] = deque(maxlen=8)  # the loudest frame of the user's last turns
 
     @property
@@ -306,6 +329,11 @@ class TurnMachine:
                 self._stopped = True
                 self._resumable = s == State.USER_SPEAKING
                 out.append(SpeechStopped(self._last_speech_end))
+                if s == State.INTERRUPTED and self._brief_overlap():
+                    # its final decides later; meanwhile the reply goes on
+                    out += self._end_turn(t, self._last_speech_end, resumed=True)
+                    self._paused = False
+                    return out + self._resume(t, words_due=True)
             if not self.in_speech and self._silence_run >= c.pause_s and not self._paused:
                 self._paused = True
                 self._go(t, State.ENDPOINT_PENDING)
@@ -365,8 +393,13 @@ class TurnMachine:
 
     def on_final(self, t: float, text: str) -> list[Command]:
         """The final transcript of the turn that ended first of those awaiting theirs."""
-        # own: that turn was the interruption's utterance
-        own, peak = self._finals.popleft() if self._finals else (False, 0.0)
+        own, resumed, peak = self._finals.popleft() if self._finals else _Ended(False, False, 0.0)
+        if own and resumed:  # a brief overlap the reply went on after
+            words = interrupting_words(text, self.config.backchannels)
+            echo = bool(words) and self._below_the_user(peak)
+            if words and not echo:
+                return self._cut_resumed(t)
+            return [DiscardTranscript(t, echo=echo)]
         if own and self._interrupted_at is not None:
             words = interrupting_words(text, self.config.backchannels)
             echo = bool(words) and self._below_the_user(peak)
@@ -475,10 +508,27 @@ class TurnMachine:
             return self._resume(t)
         return []
 
-    def _resume(self, t: float) -> list[Command]:
+    def _brief_overlap(self) -> bool:
+        """The speech over the paused bot that just stopped was brief enough to go on after."""
+        brief = self.config.brief_overlap_s
+        return (brief is not None and self._interrupted_at is not None
+                and brief[0] - 1e-9 <= self._last_speech_end - self._utterance_start <= brief[1] + 1e-9)
+
+    def _resume(self, t: float, words_due: bool = False) -> list[Command]:
         self._interrupted_at = None
         self._go(t, self._resume_to)
-        return [ResumeReply(t)]
+        return [ResumeReply(t, words_due)]
+
+    def _cut_resumed(self, t: float) -> list[Command]:
+        """A brief overlap's final held words: cut the reply it went on with, and answer them."""
+        if self._interrupted_at is not None:  # the user speaks over it again: paused already
+            return self._confirm_interruption(t)
+        if self.state in (State.THINKING, State.BOT_SPEAKING):
+            self._go(t, State.THINKING)
+            return [CancelReply(t)]
+        if self.state == State.LISTENING:  # the reply ended meanwhile: the words are a turn to answer
+            self._go(t, State.THINKING)
+        return []
 
     def _confirm_interruption(self, t: float) -> list[Command]:
         self._interrupted_at = None
@@ -486,12 +536,12 @@ class TurnMachine:
             self._go(t, State.USER_SPEAKING)
         return [CancelReply(t)]
 
-    def _end_turn(self, t: float, t_speech_end: float) -> list[Command]:
+    def _end_turn(self, t: float, t_speech_end: float, resumed: bool = False) -> list[Command]:
         self._speech_run = 0.0  # speech that goes on after a forced end must build up anew
         self._paused = False
         self._resumable = False
         self._features = Features()
-        self._finals.append((self._interrupted_at is not None, self._peak_level))
+        self._finals.append(_Ended(self._interrupted_at is not None, resumed, self._peak_level))
         self._go(t, State.THINKING)
         return [EndOfTurn(t_speech_end)]
 

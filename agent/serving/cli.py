@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 
 from agent.conversation.endpointing import DEFAULT_POLICY, POLICIES, policy_named
+from agent.conversation.overlap import DEFAULT_STYLE, STYLES
 from llm import bundled
 
 
@@ -66,6 +67,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="rules and smart-turn: the silence that ends a turn no verdict ended sooner (default "
                         "1.5 s; longer for a patient listener, or a slow machine whose decode comes late)")
     p.add_argument("--no-speculation", action="store_true", help="never start replies before the turn ends")
+    p.add_argument("--overlap", choices=list(STYLES), default=DEFAULT_STYLE,
+                   help="speech over the bot: responsive (stop for any), balanced (go on through backchannels "
+                        "and quiet voices; the default) or floor-holding (yield only to 0.5 s of speech); "
+                        "docs/turn-taking.md")
     p.add_argument("--agent", default=None, metavar="MODULE:ATTR",
                    help="serve this agent.Agent (instructions, tools, greeting): a module or a file.py, "
                         "e.g. examples/weather_agent.py:agent; its instructions replace --system-prompt")
@@ -82,7 +87,7 @@ def _session_config(args):
     timeout = (args.llm_timeout or None) if is_endpoint(args.llm) else None
     cfg = SessionConfig(mode=args.mode, max_tokens=args.max_tokens, speculate=not args.no_speculation,
                         first_chunk_words=args.first_chunk_words, llm_timeout_s=timeout)
-    cfg.turns.endpointing = _policy(args)
+    cfg.turns = STYLES[args.overlap].apply(replace(cfg.turns, endpointing=_policy(args)))
     if args.system_prompt:
         cfg.system_prompt = args.system_prompt
     cfg.greeting = args.greeting or None
@@ -337,6 +342,7 @@ SUB_TOOLS = {
     ("bench", "quality"): ("agent.bench.quality", 0), ("bench", "tools"): ("agent.bench.tools", 0),
     ("bench", "turns"): ("agent.bench.turns", 0), ("bench", "pipecat"): ("agent.bench.pipecat_peer", 0),
     ("bench", "load"): ("agent.bench.load", 1), ("bench", "soak"): ("agent.bench.load", 1),
+    ("bench", "overlap"): ("agent.bench.overlap", 0),
 }
 
 
@@ -478,7 +484,9 @@ def main(argv: list[str] | None = None) -> int:
                                  "`duplex bench turns` (end-of-turn policies: latency and false cut-offs), "
                                  "`duplex bench pipecat` (the pipecat bot on duplex's services vs pipecat's own), "
                                  "`duplex bench load` (conversations at once against a running server), "
-                                 "`duplex bench soak` (sequential conversations, RSS)")
+                                 "`duplex bench soak` (sequential conversations, RSS), "
+                                 "`duplex bench overlap` (pauses, turn-taking and speech over the bot, "
+                                 "Full-Duplex-Bench's way, through the page's protocol)")
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

@@ -1,0 +1,59 @@
+"""The overlap styles (agent/conversation/overlap.py), each driving the turn machine the way its
+doc says, on the same speech over the bot (Driver style, no models)."""
+import pytest
+from test_turns import B, I, T, Driver
+
+from agent.conversation.overlap import BALANCED, DEFAULT_STYLE, FLOOR_HOLDING, RESPONSIVE, STYLES
+from agent.conversation.turns import CancelReply, PauseReply, ResumeReply, TurnConfig
+
+
+def speaking(style) -> Driver:
+    """A user turn at level 0.3, answered; the bot speaks."""
+    d = Driver()
+    d.m.config = style.apply(d.m.config)
+    d.frames("#" * 20 + "." * 8, level=0.3).eou(0.9)
+    d.log += d.m.on_final(d.t, "tell me a story")
+    d.m.on_reply_started(d.t)
+    assert d.m.state == B
+    return d
+
+
+def test_the_default_style_is_the_turn_machines_default():
+    assert STYLES[DEFAULT_STYLE] is BALANCED
+    assert BALANCED.apply(TurnConfig()) == TurnConfig()
+
+
+def test_responsive_stops_for_a_quiet_voice_and_a_yeah_starts_a_new_reply():
+    d = speaking(RESPONSIVE)
+    n = len(d.log)
+    d.frames("#" * 10 + "." * 8, level=0.03).eou(0.9)  # a TV 20 dB below the user
+    assert d.kinds()[n] == PauseReply and d.m.state == T, "no resume before the words"
+    d.log += d.m.on_final(d.t, "Yeah.")
+    assert d.kinds()[-1] == CancelReply
+
+
+def test_balanced_talks_through_a_quiet_voice_and_goes_on_as_a_brief_yeah_ends():
+    d = speaking(BALANCED)
+    n = len(d.log)
+    d.frames("#" * 10 + "." * 8, level=0.03)
+    assert d.kinds()[n:] == [] and d.m.state == B
+    d.frames("#" * 10 + ".", level=0.3)
+    assert d.kinds()[n] == PauseReply and d.kinds()[-1] == ResumeReply and d.m.state == B
+    assert d.m.on_final(d.t, "Yeah.")[-1:] != [CancelReply(d.t)] and d.m.state == B
+
+
+def test_floor_holding_does_not_even_pause_for_half_a_second_but_yields_to_more():
+    d = speaking(FLOOR_HOLDING)
+    n = len(d.log)
+    d.frames("#" * 14 + "." * 8, level=0.3)  # 0.45 s: a "yeah"
+    assert PauseReply not in d.kinds()[n:] and d.m.state == B
+    d.frames("#" * 16, level=0.3)  # a real interruption, 0.5 s in
+    assert d.kinds()[-2] == PauseReply and d.m.state == I
+
+
+@pytest.mark.parametrize("style", list(STYLES.values()), ids=list(STYLES))
+def test_every_style_is_cut_by_a_real_interruption(style):
+    d = speaking(style)
+    d.frames("#" * 60 + "." * 8, level=0.3).eou(0.9)
+    d.log += d.m.on_final(d.t, "Wait, what is the capital of France?")
+    assert d.kinds()[-1] == CancelReply
