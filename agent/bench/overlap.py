@@ -60,7 +60,9 @@ its capture, bot audio when the player plays it; "voiced": a 10 ms step of heard
   after the onset, or finished); paused (a `clear` came); new reply (`bot_text` of another turn:
   the server answered the overlap; "replied" for background and side talk); the longest silence
   (no voiced step of the story heard) while the story was unfinished. An item passes when it goes
-  on with no silence over 0.5 s and no new reply. v1.5 labels what follows the overlap with an
+  on with no silence over 0.5 s and no new reply. While the story is paused and the server has
+  not yet shown what it makes of the overlap, the bench listens on past the window (up to 10 s
+  after the overlap's end), so that resumed, cut and new reply are told apart on a slow machine. v1.5 labels what follows the overlap with an
   LLM judge (respond / resume / uncertain / unknown); here the server's events say which reply is
   which, so no judge is needed.
 Items whose story had ended before the overlap, or that got no reply at all, are invalid: counted,
@@ -112,7 +114,8 @@ TURN_MIN_S, TURN_MAX_WORDS = 1.0, 3
 STOP_GAP_S = 0.5  # heard audio that stops this long has stopped (FD-Bench's model merge gap)
 VOICED_BELOW_PEAK_DB = 35.0
 VOICED_FLOOR_DB = -70.0
-WINDOW_S, AFTER_S = 6.0, 3.0  # backchannel, background, side talk: how long to listen after the onset
+WINDOW_S, AFTER_S = 6.0, 3.0  # backchannel, background, side talk: the window after the onset
+DECIDE_S = 10.0  # ... listened to longer, up to this after the overlap's end, while the story is paused
 HEAR_S = 3.0  # pause, turn taking: at most this long after the reply's first heard audio
 REPLY_WAIT_S = 20.0  # no reply heard this long after the user's turn: the item is invalid
 ANSWER_WAIT_S = 15.0  # interruption: the new question's answer, after its end
@@ -574,7 +577,7 @@ def measure(item: Item, c, onsets: list[float | None], stream0_s: float = 0.0,
     """The figures of one item from what its conversation saw (module docstring). `onsets`: when
     the first clip and the overlap began (capture time; None: not said); `stream0_s`: where the
     first clip began in the mic stream, seconds (the server's endpoints count from the stream's
-    start); `window_end`: when listening stopped (overlaps)."""
+    start); `window_end`: the end of the window after an overlap (default: from the onset)."""
     s = Seen.of(c)
     start0 = onsets[0]
     row: dict = {"category": item.category, "index": item.index, "name": item.name, "voice": item.voice,
@@ -678,9 +681,10 @@ def _measure_overlap(item: Item, s: Seen, row: dict, end: float, start1: float |
         row["take_over"] = take_over(sp[1] - sp[0] if sp else None, s.heard_words(reply, ch)) if ch else False
         row["response_latency_s"] = _r(sp[0] - over_end) if sp else None
         return row
-    stop_listening = window_end if window_end is not None else max(onset + WINDOW_S, over_end + AFTER_S)
-    until = stop_listening
-    if story_done is not None and not cut and last_heard <= stop_listening:
+    if window_end is None:
+        window_end = max(onset + WINDOW_S, over_end + AFTER_S)
+    until = window_end
+    if story_done is not None and not cut and last_heard <= window_end:
         until = last_heard  # the story finished: no silence after its end counts
     row["window"] = [s.rel(onset), s.rel(until)]
     row["longest_silence_s"] = _r(longest_silence(story, onset, until, floor))
@@ -706,6 +710,16 @@ def _turn_before(c, t: float) -> int | None:
         if e.get("type") == "bot_text" and isinstance(e.get("turn"), int):
             turn = e["turn"]
     return turn
+
+
+def _decided(c, onset: float) -> bool:
+    """After speech over the story, the server has shown what it makes of it: it never paused
+    the story, the story was heard again after its last pause, or another turn's reply began."""
+    story = _turn_before(c, onset)
+    clears = [t for t, e in zip(c.event_times, c.events) if e.get("type") == "clear" and t >= onset]
+    return (not clears or any(h.start >= clears[-1] for h in c.heard)
+            or any(e.get("type") == "bot_text" and t >= onset and e.get("turn") != story
+                   for t, e in zip(c.event_times, c.events)))
 
 
 async def run_item(url: str, item: Item, timeout_s: float = ITEM_TIMEOUT_S, refused_wait_s: float = 30.0) -> dict:
@@ -741,7 +755,8 @@ async def run_item(url: str, item: Item, timeout_s: float = ITEM_TIMEOUT_S, refu
             return mic.waiting and c.now > end + REPLY_WAIT_S  # no reply to talk over
         if item.overlap is None:  # enough of the reply to tell a take-over, or all of it
             first = c.first_heard_after(end)
-            heard = first is not None and min(c.heard[-1].end, c.now) - first >= TURN_MIN_S + 0.2
+            heard = first is not None and sum(min(h.end, c.now) - h.start for h in c.heard
+                                              if h.start >= first) >= TURN_MIN_S + 0.2
             return ((first is not None and (heard or c.now >= first + HEAR_S)) or c.now > end + REPLY_WAIT_S
                     or _done_between(c, "bot_done", end, c.now - 0.5))
         onset = mic.onset(1, c)
@@ -752,7 +767,9 @@ async def run_item(url: str, item: Item, timeout_s: float = ITEM_TIMEOUT_S, refu
                     or _done_between(c, "bot_done", onset, c.now - 0.5, skip_turn=story))
         if not window:
             window.append(max(onset + WINDOW_S, over_end + AFTER_S))
-        return c.now >= window[0]
+        if c.now < window[0]:
+            return False
+        return c.now >= over_end + DECIDE_S or _decided(c, onset)
 
     clips = [(item.first, at_once)] + ([(item.overlap, overlap_at)] if item.overlap is not None else [])
     loop = asyncio.get_running_loop()
