@@ -119,6 +119,38 @@ def test_a_story_that_ended_before_the_overlap_makes_the_item_invalid():
     assert not row["valid"] and "ended" in row["reason"]
 
 
+def _pause_item() -> ov.Item:
+    """The user speaks 0.3-1.2 s, pauses until 2.4 s, and ends at 3.0 s."""
+    return ov.Item("pause", 0, "kal", "Can you tell me how ... to bake bread?", np.zeros(48000, np.float32),
+                   (0.3, 3.0), -20.0, -60.0, 0, pause=(1.2, 2.4))
+
+
+def _replies(early_until: float, heard: str) -> tuple[list, list]:
+    """The server ends a turn in the pause (1.7 s) and its reply plays from 2.0 until the clear;
+    the reply to the whole utterance plays from 3.8 s."""
+    early = [chunk(10 + i, 2.0 + i * 0.1, min(2.1 + i * 0.1, early_until), received=1.95)
+             for i in range(int(round((early_until - 2.0) / 0.1)))]
+    answer = [chunk(50 + i, 3.8 + i * 0.1, 3.9 + i * 0.1, received=3.7) for i in range(12)]
+    events = [(1.7, {"type": "endpoint", "turn": 0, "speech_end_stream_s": 1.2}),
+              (1.9, {"type": "bot_text", "turn": 0, "text": "Sure, I can help you with that."}),
+              (early_until, {"type": "clear"}), (early_until + 0.4, {"type": "interrupted", "heard": heard}),
+              (3.6, {"type": "bot_text", "turn": 1, "text": "Mix flour, water, yeast and salt."})]
+    return events, early + answer
+
+
+def test_a_pause_a_short_reply_spoke_into_is_split_but_no_take_over():
+    events, heard = _replies(2.5, "Sure, I")  # 0.5 s heard, two words
+    row = ov.measure(_pause_item(), _conversation(events, heard), [0.0])
+    assert row["split"] and row["early_turns"] == [0] and not row["tor"]
+    assert row["reply_turn"] == 1 and row["take_over"] and row["latency_s"] == pytest.approx(0.8)
+
+
+def test_a_reply_heard_for_a_second_in_the_pause_takes_the_turn():
+    events, heard = _replies(3.2, "Sure, I can help you")
+    row = ov.measure(_pause_item(), _conversation(events, heard), [0.0])
+    assert row["tor"] and row["split"]
+
+
 def test_items_are_the_same_for_a_seed():
     said = lambda text, voice: np.sin(np.arange(8000) / 5.0).astype(np.float32) * 0.3  # noqa: E731
     a, b = ov.make_item("background", 3, 7, said), ov.make_item("background", 3, 7, said)

@@ -527,11 +527,13 @@ class Seen:
         return [c for c, t in zip(self.chunks, self.turns) if t == turn]
 
     def first_turn_after(self, t: float) -> int | None:
-        """The turn of the first chunk that began playing at or after `t`."""
-        for c, turn in sorted(zip(self.chunks, self.turns), key=lambda x: x[0].start):
-            if c.start >= t:
-                return turn
-        return None
+        """The first reply whose audio began playing at or after `t` (a reply that began before
+        `t` and plays on is not it)."""
+        began: dict[int | None, float] = {}
+        for c, turn in zip(self.chunks, self.turns):
+            began[turn] = min(began.get(turn, math.inf), c.start)
+        after = [(start, turn) for turn, start in began.items() if start >= t and turn is not None]
+        return min(after)[1] if after else None
 
     def text_of(self, turn: int | None) -> str:
         done = [e.get("text", "") for _, e in self.of_type("bot_done") if e.get("turn") == turn]
@@ -913,6 +915,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def checkout() -> dict | None:
+    """The commit of the code the bench's server runs, and the files changed since (the server
+    runs the working tree), for the figures' record; None outside a git checkout."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                 capture_output=True, text=True, timeout=10, check=True).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": head, "changed": [line[3:] for line in changed if line.strip()]}
+
+
 def server_command(port: int, server_args: Sequence[str]) -> list[str]:
     """`duplex serve` on loopback with the bench's prompt; `server_args` after it (they win)."""
     return [sys.executable, "-m", "agent.serving.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
@@ -1038,7 +1054,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         report = {"config": {"url": args.url, "server_args": list(SERVER_ARGS) + args.server_arg,
                              "items": args.items, "categories": args.categories, "seed": args.seed,
-                             "cpus": os.cpu_count(), "wall_s": round(wall, 1)},
+                             "cpus": os.cpu_count(), "wall_s": round(wall, 1),
+                             "checkout": checkout() if args.url is None else None},
                   "categories": summary, "items": rows}
         args.json_out.write_text(json.dumps(report, indent=2))
         print(f"figures written to {args.json_out}")
