@@ -52,8 +52,9 @@ class ScriptedRecognizer:
 
     def __init__(self, script: list[str], delay_s: float = 0.2, word_s: float = 0.15, slots: int | None = None,
                  gap_at_s: float | None = None, fail_at_s: float | None = None,
-                 guesses: dict[int, tuple[str, str]] | None = None):
+                 guesses: dict[int, tuple[str, str]] | None = None, flush_s: float = 0.0):
         self.script, self.delay_s, self.word_s, self.slots = script, delay_s, word_s, slots
+        self.flush_s = flush_s  # a flush's own time: a decode on a busy CPU
         # burst k -> a partial (text, stable text) given 0.3 s into it, before any of its words:
         # a guess the recognizer may take back (Whisper's unstable tail)
         self.guesses = guesses or {}
@@ -152,6 +153,8 @@ class ScriptedStream:
 
     async def flush(self, until_s: float) -> None:
         """As a causal model does: silence pushed through the delay ends the burst going on."""
+        if self.rec.flush_s:
+            await asyncio.sleep(self.rec.flush_s)
         if self._segment is not None and self._segment[1] <= until_s:
             self._end_segment()
         await self._emit_due(until_s)

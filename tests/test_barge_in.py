@@ -74,13 +74,33 @@ def test_words_over_the_bot_cancel_it_but_backchannels_do_not():
 def test_a_backchannel_over_the_bot_resumes_it_and_is_no_turn():
     d = speaking()
     n = len(d.log)
-    d.frames("#" * 8 + ".")  # "yeah": its first silent frame resumes the reply, words unknown
-    assert [type(c) for c in d.log[n:]] == [PauseReply, StartUtterance, SpeechStopped, EndOfTurn, ResumeReply]
-    assert d.log[-1].words_due and d.m.state == B
+    d.frames("#" * 8 + "." * 14)  # "yeah", then 0.45 s of silence less a frame: still paused
+    assert [type(c) for c in d.log[n:]] == [PauseReply, StartUtterance, SpeechStopped, SpeechPaused]
+    d.frames(".")  # its words unknown yet, the reply goes on
+    assert [type(c) for c in d.log[n:]][4:] == [EndOfTurn, ResumeReply] and d.log[-1].words_due
+    assert d.m.state == B
     d.frames("." * 8).eou(0.9)
-    assert [type(c) for c in d.log[n:]][5:] == [] and d.m.state == B  # nothing more: no second end of turn
+    assert len(d.log) == n + 6 and d.m.state == B  # nothing more: no second end of turn
     assert d.m.on_final(d.t, "Yeah.") == [DiscardTranscript(d.t)] and d.m.state == B
-    assert d.states()[-4:] == [B, I, T, B]
+    assert d.states()[-4:] == [I, P, T, B]
+
+
+def test_the_early_decode_of_speech_over_the_bot_decides_as_soon_as_it_comes():
+    # none but backchannels: the reply goes on at once, however long the hum
+    d = speaking().frames("#" * 35 + "..")
+    stopped = next(c for c in d.log if isinstance(c, SpeechStopped) and c.t_speech_end > 1.0)
+    out = d.m.on_early_words(d.t, "Mm-hmm.", stopped.t_speech_end)
+    assert [type(c) for c in out] == [EndOfTurn, ResumeReply] and d.m.state == B
+    assert d.m.on_final(d.t, "Mm-hmm.") == [DiscardTranscript(d.t)]
+    # words: cut at once, and the utterance goes on to be a turn of its own, answered
+    d = speaking().frames("#" * 12 + "..")
+    stopped = next(c for c in d.log if isinstance(c, SpeechStopped) and c.t_speech_end > 1.0)
+    assert d.m.on_early_words(d.t, "Stop.", stopped.t_speech_end) == [CancelReply(d.t)] and d.m.state == U
+    d.frames("." * 8).eou(0.9)
+    assert d.m.state == T and d.m.on_final(d.t, "Stop.") == []
+    # words of an earlier silence, or come after the user went on, decide nothing
+    d = speaking().frames("#" * 12 + ".." + "#" * 5)
+    assert d.m.on_early_words(d.t, "Stop.", stopped.t_speech_end) == [] and d.m.state == I
 
 
 def test_a_longer_backchannel_waits_for_its_final_to_resume():
@@ -92,25 +112,27 @@ def test_a_longer_backchannel_waits_for_its_final_to_resume():
 
 
 def test_a_brief_overlap_with_words_cuts_the_reply_that_went_on_and_is_answered():
-    d = speaking().frames("#" * 12 + "." * 3)  # "Stop." (0.38 s)
+    d = speaking().frames("#" * 12 + "." * 15)  # "Stop." (0.38 s), its words slower than the wait
     assert d.m.state == B and isinstance(d.log[-1], ResumeReply)
     assert d.m.on_final(d.t, "Stop.") == [CancelReply(d.t)] and d.m.state == T  # the turn's to answer
     # the reply ended before the words came: they are a turn of their own
-    d = speaking().frames("#" * 12 + "." * 3)
+    d = speaking().frames("#" * 12 + "." * 15)
     d.m.on_reply_finished(d.t)
     assert d.m.on_final(d.t, "Stop.") == [] and d.m.state == T
     # the user spoke over it again meanwhile: it is paused, and cut as before
-    d = speaking().frames("#" * 12 + "." * 8 + "#" * 4)
+    d = speaking().frames("#" * 12 + "." * 15 + "#" * 4)
     assert d.m.state == I
     assert d.m.on_final(d.t, "Wait.") == [CancelReply(d.t)] and d.m.state == U
 
 
 def test_a_pause_inside_an_interruption_is_not_a_brief_overlap():
-    # "Wait, what is ...": three frames, a comma's silence, words; the bot stays paused
-    d = speaking()
-    n = len(d.log)
-    d.frames("###" + "...." + "#" * 40)
-    assert ResumeReply not in d.kinds()[n:] and d.m.state == I
+    # "Wait, what is ...": the lead words, a comma's silence (up to 0.38 s in Piper's voice), words;
+    # the bot stays paused
+    for lead in ("###", "#" * 10):
+        d = speaking()
+        n = len(d.log)
+        d.frames(lead + "." * 12 + "#" * 40)
+        assert ResumeReply not in d.kinds()[n:] and d.m.state in (I, U) and d.m.overlap_undecided
     # and with brief overlaps off, a backchannel waits for its final as it did
     d = Driver(brief_overlap_s=None).frames("#" * 20 + "." * 8).eou(0.9)
     d.log += d.m.on_final(d.t, "tell me a story")
@@ -211,13 +233,13 @@ class RecordingVoice(ToneVoice):
             yield chunk
 
 
-async def converse(tmp_path, turns, script, llm, guesses=None):
+async def converse(tmp_path, turns, script, llm, guesses=None, flush_s=0.0):
     wav = WavConversationTransport(turns, RATE, str(tmp_path / "out.wav"), gap_s=0.3, reply_timeout_s=8.0)
     far, voice = Recording(wav), RecordingVoice()
     cfg = SessionConfig(speculate=False)
     cfg.turns.endpointing = SilencePolicy()  # silence alone ends turns (0.5 s)
     tracer = Tracer("t", capacity=1 << 14)
-    asr = ScriptedRecognizer(script, guesses=guesses)
+    asr = ScriptedRecognizer(script, guesses=guesses, flush_s=flush_s)
     session = Session(Models(asr=asr, llm=llm, tts=voice, vad_factory=EnergyVAD), far, cfg, tracer=tracer)
     await asyncio.wait_for(session.run(), timeout=40)
     wav.close()
@@ -321,7 +343,8 @@ async def test_a_backchannel_over_the_bot_resumes_it_and_is_not_answered(tmp_pat
 async def test_a_brief_word_over_the_bot_resumes_it_then_its_final_cuts_it_and_is_answered(tmp_path):
     turns, script = story_then(burst(0.4, seed=5), "stop")
     llm = ScriptedLLM(lambda user: LONG if "story" in user else "Okay.", token_s=0.02)
-    session, far, _, tracer = await converse(tmp_path, turns, script, llm)
+    # its decode takes 1 s: the reply goes on after the wait, before its words
+    session, far, _, tracer = await converse(tmp_path, turns, script, llm, flush_s=1.0)
     (resume,) = trace(tracer, Ev.RESUME)
     (final,) = [e for e in trace(tracer, Ev.FINAL) if e.turn == 1]
     assert resume.ts_ns < final.ts_ns, "the reply went on before the words were known"
@@ -331,6 +354,14 @@ async def test_a_brief_word_over_the_bot_resumes_it_then_its_final_cuts_it_and_i
     assert first.interrupted and second.user_text == "stop" and second.reply_text == "Okay."
     assert is_word_prefix(first.heard_text, LONG, strict=True)
     assert session.history[-2:] == [{"role": "user", "content": "stop"}, {"role": "assistant", "content": "Okay."}]
+
+
+async def test_a_brief_word_over_the_bot_decoded_within_the_wait_cuts_it_without_going_on(tmp_path):
+    turns, script = story_then(burst(0.4, seed=5), "stop")
+    llm = ScriptedLLM(lambda user: LONG if "story" in user else "Okay.", token_s=0.02)
+    session, far, _, tracer = await converse(tmp_path, turns, script, llm)
+    assert not trace(tracer, Ev.RESUME) and len(far.clears) == 1
+    assert session.records[0].interrupted and session.records[1].reply_text == "Okay."
 
 
 @pytest.mark.parametrize("stable", ["", "and and making"])

@@ -4,7 +4,8 @@ import pytest
 from test_turns import B, I, T, Driver
 
 from agent.conversation.overlap import BALANCED, DEFAULT_STYLE, FLOOR_HOLDING, RESPONSIVE, STYLES
-from agent.conversation.turns import CancelReply, PauseReply, ResumeReply, TurnConfig
+from agent.conversation.turns import (CancelReply, DiscardTranscript, PauseReply, ResumeReply, TurnConfig,
+                                     addressed_elsewhere)
 
 
 def speaking(style) -> Driver:
@@ -37,7 +38,7 @@ def test_balanced_talks_through_a_quiet_voice_and_goes_on_as_a_brief_yeah_ends()
     n = len(d.log)
     d.frames("#" * 10 + "." * 8, level=0.03)
     assert d.kinds()[n:] == [] and d.m.state == B
-    d.frames("#" * 10 + ".", level=0.3)
+    d.frames("#" * 10 + "." * 15, level=0.3)  # its words slower than the wait
     assert d.kinds()[n] == PauseReply and d.kinds()[-1] == ResumeReply and d.m.state == B
     assert d.m.on_final(d.t, "Yeah.")[-1:] != [CancelReply(d.t)] and d.m.state == B
 
@@ -57,3 +58,27 @@ def test_every_style_is_cut_by_a_real_interruption(style):
     d.frames("#" * 60 + "." * 8, level=0.3).eou(0.9)
     d.log += d.m.on_final(d.t, "Wait, what is the capital of France?")
     assert d.kinds()[-1] == CancelReply
+
+
+def test_side_talk_is_told_by_who_the_words_call():
+    for said in ("Honey, can you grab my keys from the table?", "Tom, please feed the dog.", "Hey Jenny, the phone.",
+                 "Kids, it's time to brush your teeth."):
+        assert addressed_elsewhere(said), said
+    for said in ("Wait, what is the capital of France?", "Sorry, what animal says moo?", "Hold on, stop.",
+                 "Okay, stop.", "Hey, what time is it?", "Can you close the window?", "Stop."):
+        assert not addressed_elsewhere(said), said
+    assert not addressed_elsewhere("Ava, stop.", own_names=("ava",))
+
+
+def test_side_talk_over_the_bot_lets_it_go_on_and_is_no_turn_but_its_own_name_cuts_it():
+    d = speaking(BALANCED)
+    d.frames("#" * 60 + "." * 8, level=0.3).eou(0.9)
+    out = d.m.on_final(d.t, "Honey, can you grab my keys from the table?")
+    assert [type(c) for c in out] == [DiscardTranscript, ResumeReply] and d.m.state == B
+    d = speaking(BALANCED)
+    d.m.config.own_names = ("ava",)
+    d.frames("#" * 60 + "." * 8, level=0.3).eou(0.9)
+    assert d.m.on_final(d.t, "Ava, stop.") == [CancelReply(d.t)]
+    d = speaking(RESPONSIVE)  # the style that stops for anything answers it
+    d.frames("#" * 60 + "." * 8, level=0.3).eou(0.9)
+    assert d.m.on_final(d.t, "Honey, can you grab my keys from the table?") == [CancelReply(d.t)]

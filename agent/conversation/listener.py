@@ -192,7 +192,8 @@ class Listener:
             case DecodeEarly(t_end, until):
                 with self.tracer.span(Stage.ASR, Ev.PAUSE_DECODE, turn=self._turn()):
                     text, _ = await self._transcript_until(until, take=False)
-                await self._carry_out(m.on_early_transcript(t_end, text))
+                await self._carry_out(m.on_early_transcript(
+                    t_end, text, echo=bool(text) and m.turns.overlap_undecided and self._is_echo(text)))
             case CheckAudioTurn(t_end, heard_silence_s, pause_s):
                 # up to the last VAD frame, so that the silence after the speech is the same
                 # whatever the transport's chunking (smart-turn's verdict can flip with 32 ms more of it)

@@ -339,9 +339,15 @@ class ListenMachine:
                 return  # the user went on meanwhile: their next silence decodes
         yield DecodeEarly(t_speech_end, until)
 
-    def on_early_transcript(self, t_speech_end: float, text: str) -> Commands:
-        """The early decode's words (`DecodeEarly`)."""
+    def on_early_transcript(self, t_speech_end: float, text: str, echo: bool = False) -> Commands:
+        """The early decode's words (`DecodeEarly`); `echo`: they are the bot's own heard back."""
         self._early_text = (t_speech_end, text)
+        if self._silent_since(t_speech_end) and self.turns.overlap_undecided:
+            # speech over the bot: its words decide now whether it was an interruption
+            for c in self.turns.on_early_words(self.t_audio, "" if echo else text, t_speech_end):
+                yield from self._carry(c)
+            yield from self.report_state()
+            return
         if self._silent_since(t_speech_end):
             if self.policy.audio_first:
                 yield from self._ask_audio(t_speech_end)  # if the model was busy with an earlier silence

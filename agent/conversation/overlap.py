@@ -7,9 +7,10 @@ machine's overlap settings (agent/conversation/turns.py, `TurnConfig`) and nothi
   resumes it: every "yeah" and every voice across the room costs seconds of silence, and a "yeah"
   or an "okay" starts a new reply (the behaviour before overlaps were told apart).
 - `balanced` (the default): speech far below the user's own level (a TV, a voice across the
-  room, the echo) neither pauses nor cuts the bot; backchannel words do not cut it; speech over it
-  that is brief (0.2-0.8 s) lets it go on the moment it ends, before its words are known (they
-  still cut the reply if they interrupt).
+  room, the echo) neither pauses nor cuts the bot; backchannel words do not cut it, nor words
+  that open by calling someone else ("Honey, ..."); speech over it that is brief (0.2-0.8 s) lets
+  it go on 0.45 s after it ends if its words are not known by then (they still cut the reply if
+  they interrupt).
 - `floor-holding`: as balanced, but the bot only yields to 0.5 s of speech (LiveKit's
   `min_interruption_duration`), and goes on after up to 1.5 s of it: a long "mm-hmm" does not stop
   it, but nor does the start of a real interruption for half a second.
@@ -28,15 +29,16 @@ class OverlapStyle:
     brief_overlap_s: tuple[float, float] | None  # speech over it this long lets it go on as it ends
     backchannels: tuple[str, ...]  # words that never cut it
     echo_level_db: float | None  # speech this far below the user's level is not theirs
+    side_talk: bool  # words that open by calling someone else never cut it
 
     def apply(self, turns: TurnConfig) -> TurnConfig:
         return replace(turns, barge_in_min_speech_s=self.barge_in_min_speech_s,
                        brief_overlap_s=self.brief_overlap_s, backchannels=self.backchannels,
-                       echo_level_db=self.echo_level_db)
+                       echo_level_db=self.echo_level_db, side_talk=self.side_talk)
 
 
-RESPONSIVE = OverlapStyle("responsive", 0.1, None, (), None)
-BALANCED = OverlapStyle("balanced", 0.1, (0.2, 0.8), BACKCHANNELS, -12.0)
-FLOOR_HOLDING = OverlapStyle("floor-holding", 0.5, (0.2, 1.5), BACKCHANNELS, -12.0)
+RESPONSIVE = OverlapStyle("responsive", 0.1, None, (), None, False)
+BALANCED = OverlapStyle("balanced", 0.1, (0.2, 0.8), BACKCHANNELS, -12.0, True)
+FLOOR_HOLDING = OverlapStyle("floor-holding", 0.5, (0.2, 1.5), BACKCHANNELS, -12.0, True)
 STYLES = {s.name: s for s in (RESPONSIVE, BALANCED, FLOOR_HOLDING)}
 DEFAULT_STYLE = BALANCED.name

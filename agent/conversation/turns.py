@@ -39,10 +39,12 @@ States::
   `CancelReply`. An utterance whose final transcript
   holds none (a cough, a click, or only backchannels such as "mm-hmm", see `interrupting_words`)
   was not one: `ResumeReply` plays on from where the audio paused, and the transcript is not a
-  turn to answer (`DiscardTranscript`). Speech over the bot that lasts `brief_overlap_s` (a
-  "yeah", an "okay") resumes the reply at its first silent frame, before its words are known,
-  and ends as a turn whose final decides later: words that interrupt cut the reply then
-  (`CancelReply`) and are answered; none leave it be. Nor is speech followed by `false_interruption_s` of
+  turn to answer (`DiscardTranscript`). The early decode of the speech over the bot, as soon
+  as it stops (`on_early_words`, the decode its final reuses), decides sooner: words cut the
+  reply then, none resume it. Speech over the bot that lasts `brief_overlap_s` (a "yeah", an
+  "okay") and is followed by `brief_overlap_wait_s` of silence resumes the reply even before
+  its words are known; it ends as a turn whose final decides later: words that interrupt cut the
+  reply then (`CancelReply`) and are answered. Nor is speech followed by `false_interruption_s` of
   silence with no words and no end of turn. The timeout counts from the end of that speech,
   never while it goes on: on a busy CPU the words can take seconds, and a timeout counted from
   the pause resumed the bot over real questions (`duplex bench latency` lost three turns so).
@@ -96,13 +98,15 @@ Defaults, and why:
   far below the user's turns neither pauses the bot nor starts an utterance (a voice across the
   room, a TV at -20 dB, the echo's bursts); once it grows to the user's level it pauses it as
   usual. `None`: any speech over the bot pauses it.
-- `brief_overlap_s` (0.2, 0.8): a backchannel over the bot then costs a silence as long as
-  itself (flite's "yeah", "right", "uh-huh": 0.3-0.5 s of Silero speech) instead of itself plus the
-  end of turn's wait and the decode (seconds on a busy CPU). Its lower bound keeps the first word
-  before a comma ("Wait, what ...": 0.1 s of speech, then a 0.03-0.13 s gap in flite's voices)
-  from letting the bot go on for a moment. Its cost: a short real interruption ("Stop.") hears the
-  bot go on for its decode's time before it is cut. `duplex bench overlap` measures it;
-  agent/conversation/overlap.py has the styles that set it.
+- `brief_overlap_s` (0.2, 0.8), `brief_overlap_wait_s` 0.45: a backchannel over the bot costs a
+  silence of itself plus 0.45 s at most (flite's "yeah", "right", "uh-huh": 0.3-0.5 s of Silero
+  speech), or less when its words come sooner, instead of itself plus the end of turn's wait and
+  the decode (seconds on a busy CPU). The wait is longer than the pause after the first words of
+  an interruption ("Wait, what ...", "Sorry, what ...": 0.03-0.22 s of Silero silence in flite's
+  voices, 0.19-0.38 s in Piper's), so that the bot does not go on for a moment inside it; the
+  lower bound leaves out the shortest lead words for the same reason. Its cost: a short real
+  interruption ("Stop.") whose words are slower than the wait hears the bot go on until they
+  come. `duplex bench overlap` measures it; agent/conversation/overlap.py has the styles that set it.
 - `max_utterance_s` 25: Whisper decodes at most 30 s at once.
 - "combined" (the default): `text_weight` 3, `text_bias` 13, `threshold` 0.5, `min_wait_s` 0.1,
   chosen on `duplex bench turns` (82 complete, 150 incomplete utterances; a grid over weight
@@ -144,6 +148,38 @@ def interrupting_words(text: str, backchannels: tuple[str, ...] = ()) -> int:
                if any(ch.isalnum() for ch in w) and not NONLEXICAL.fullmatch(w) and w not in backchannels)
 
 
+# words that call someone by a role rather than a name; "hey" and the like may go before them
+VOCATIVES = ("honey", "hon", "sweetie", "sweetheart", "babe", "baby", "darling", "dear", "love", "mom", "mum",
+             "mommy", "mama", "dad", "daddy", "papa", "grandma", "grandpa", "granny", "kids", "guys", "buddy",
+             "son", "sis", "bro", "auntie", "uncle")
+# capitalised words that open a sentence without naming anyone ("Wait, ...", "Sorry, ...")
+_OPENERS = frozenset("""wait sorry okay ok yes yeah yep no nope so well hey hi hello please stop actually look listen
+    right alright and but um uh hmm oh ah excuse pardon thanks thank great cool wow fine sure hold now then also
+    anyway honestly really what why how who where when which can could would will do does is are i you it that this
+    first next again oops gosh jeez man perfect good nice awesome exactly true indeed agreed sir madam ma'am
+    mister miss folks everyone""".split())
+
+
+def addressed_elsewhere(text: str, own_names: tuple[str, ...] = ()) -> bool:
+    """The utterance opens by calling someone other than the bot: "Honey, can you ...", "Tom,
+    please ...", "Hey Jenny, ...". Its opening before the first comma is one or two words (a
+    greeting may go first): a role (`VOCATIVES`) or a capitalised word that is neither a common
+    opener ("Wait,", "Sorry,") nor one of the bot's `own_names` (lowercase)."""
+    head, comma, _ = text.strip().partition(",")
+    words = [re.sub(r"[^\w']", "", w) for w in head.split()]
+    if not comma or not words:
+        return False
+    if len(words) == 2 and words[0].lower() in ("hey", "hi", "oh", "hello", "okay", "ok"):
+        words = words[1:]
+    if len(words) != 1:
+        return False
+    w = words[0]
+    low = w.lower()
+    if low in own_names:
+        return False
+    return low in VOCATIVES or (w[:1].isupper() and w[1:].islower() and low not in _OPENERS)
+
+
 # words a listener says over a speaker to show they follow, not to take the turn: over the bot,
 # an utterance of these alone (and `NONLEXICAL` sounds) lets it go on
 BACKCHANNELS = ("yeah", "yep", "yup", "yes", "right", "okay", "ok", "sure", "alright", "cool", "wow", "nice",
@@ -178,6 +214,12 @@ class TurnConfig:
     # its words are known: a backchannel costs a silence as long as itself, not its decode too;
     # words in its final still cut the reply then (None: the reply waits for the words)
     brief_overlap_s: tuple[float, float] | None = (0.2, 0.8)
+    # ... once this much silence follows it (longer than a comma's pause inside an interruption)
+    brief_overlap_wait_s: float = 0.45
+    # words over the bot that open by calling someone else ("Honey, ...") are side talk: they do
+    # not cut it (`addressed_elsewhere`); `own_names`: the names the bot answers to
+    side_talk: bool = True
+    own_names: tuple[str, ...] = ()
     max_utterance_s: float = 25.0
     preroll_s: float = 0.3  # audio before the detected speech start that the recognizer gets
     quiet_db: float | None = -35.0  # the early-decode hint (None: off), below the utterance's peak
@@ -271,6 +313,11 @@ class TurnMachine:
         self._user_peaks: deque[float] = deque(maxlen=8)  # the loudest frame of the user's last turns
 
     @property
+    def overlap_undecided(self) -> bool:
+        """The bot is paused for speech over it whose words are not known yet."""
+        return self._interrupted_at is not None
+
+    @property
     def vad_silence_s(self) -> float:
         """Seconds of silence Silero has heard up to now (the pause counts these)."""
         return self._silence_run
@@ -313,6 +360,9 @@ class TurnMachine:
 
         out: list[Command] = []
         s = self.state
+        if (self._interrupted_at is not None and not self.in_speech and self._stop_run >= c.brief_overlap_wait_s
+                and s in (State.INTERRUPTED, State.ENDPOINT_PENDING) and self._brief_overlap()):
+            return self._go_on(t)  # its words are not known yet: its final decides later
         if s == State.LISTENING:
             if spoke(c.min_speech_s):
                 out.append(self._start_user(t, State.USER_SPEAKING))
@@ -329,11 +379,6 @@ class TurnMachine:
                 self._stopped = True
                 self._resumable = s == State.USER_SPEAKING
                 out.append(SpeechStopped(self._last_speech_end))
-                if s == State.INTERRUPTED and self._brief_overlap():
-                    # its final decides later; meanwhile the reply goes on
-                    out += self._end_turn(t, self._last_speech_end, resumed=True)
-                    self._paused = False
-                    return out + self._resume(t, words_due=True)
             if not self.in_speech and self._silence_run >= c.pause_s and not self._paused:
                 self._paused = True
                 self._go(t, State.ENDPOINT_PENDING)
@@ -387,21 +432,33 @@ class TurnMachine:
         interruption real."""
         c = self.config
         if (self._interrupted_at is None or interrupting_words(text, c.backchannels) < c.partial_words_to_interrupt
-                or self._below_the_user(self._peak_level)):
+                or self._below_the_user(self._peak_level) or self._side_talk(text)):
             return []  # a too quiet one waits for its final
         return self._confirm_interruption(t)
+
+    def on_early_words(self, t: float, text: str, t_speech_end: float) -> list[Command]:
+        """The words of the speech over the paused bot up to the silence that began at
+        `t_speech_end` (the early decode, which its final will reuse), while that silence goes
+        on: words that interrupt cut the reply now; none (a backchannel, a cough) let it go on
+        now, and its final only confirms it."""
+        if (self._interrupted_at is None or self.in_speech or t_speech_end != self._last_speech_end
+                or self.state not in (State.INTERRUPTED, State.ENDPOINT_PENDING)):
+            return []
+        if self._interrupts(text) and not self._below_the_user(self._peak_level):
+            return self._confirm_interruption(t)
+        return self._go_on(t)
 
     def on_final(self, t: float, text: str) -> list[Command]:
         """The final transcript of the turn that ended first of those awaiting theirs."""
         own, resumed, peak = self._finals.popleft() if self._finals else _Ended(False, False, 0.0)
         if own and resumed:  # a brief overlap the reply went on after
-            words = interrupting_words(text, self.config.backchannels)
+            words = self._interrupts(text)
             echo = bool(words) and self._below_the_user(peak)
             if words and not echo:
                 return self._cut_resumed(t)
             return [DiscardTranscript(t, echo=echo)]
         if own and self._interrupted_at is not None:
-            words = interrupting_words(text, self.config.backchannels)
+            words = self._interrupts(text)
             echo = bool(words) and self._below_the_user(peak)
             if words and not echo:
                 return self._confirm_interruption(t)
@@ -508,11 +565,24 @@ class TurnMachine:
             return self._resume(t)
         return []
 
+    def _side_talk(self, text: str) -> bool:
+        return self.config.side_talk and addressed_elsewhere(text, self.config.own_names)
+
+    def _interrupts(self, text: str) -> int:
+        """The words of speech over the bot that make it an interruption: none for backchannels
+        and sounds, none for side talk."""
+        return 0 if self._side_talk(text) else interrupting_words(text, self.config.backchannels)
+
     def _brief_overlap(self) -> bool:
         """The speech over the paused bot that just stopped was brief enough to go on after."""
         brief = self.config.brief_overlap_s
         return (brief is not None and self._interrupted_at is not None
                 and brief[0] - 1e-9 <= self._last_speech_end - self._utterance_start <= brief[1] + 1e-9)
+
+    def _go_on(self, t: float) -> list[Command]:
+        """End the speech over the bot as a turn whose final decides later, and resume the reply."""
+        out = self._end_turn(t, self._last_speech_end, resumed=True)
+        return out + self._resume(t, words_due=True)
 
     def _resume(self, t: float, words_due: bool = False) -> list[Command]:
         self._interrupted_at = None
