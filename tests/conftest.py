@@ -18,3 +18,20 @@ def hf():
     from asr.engine.kyutai import tiny_hf_model
 
     return tiny_hf_model(seed=0, window=8)
+
+
+@pytest.fixture
+async def virtual_clock():
+    """The test's event loop and the time module on a virtual clock (tests/virtual_time.py): the
+    conversation's seconds pass as fast as the CPU goes, in the same order as in real time.
+    DUPLEX_REAL_CLOCK=1 runs them on the real clock instead, to compare."""
+    import asyncio
+    import os
+
+    from virtual_time import VirtualClock
+
+    if os.environ.get("DUPLEX_REAL_CLOCK") == "1":
+        yield None
+        return
+    with VirtualClock(asyncio.get_running_loop()) as clock:
+        yield clock

@@ -1,11 +1,13 @@
 """The real Session, orchestrated with test doubles (tests/doubles.py) behind the real interfaces:
 a normal turn, speculation committed and missed, barge-in, false interruption, hang-up, greeting,
-slot refusal and a recognizer's gap and loss. No models; real time, a few seconds each."""
+slot refusal and a recognizer's gap and loss. No models; the conversation's seconds on the
+virtual clock (tests/virtual_time.py), a fraction of a second each."""
 from __future__ import annotations
 
 import asyncio
 
 import numpy as np
+import pytest
 
 from agent.conversation.endpointing import SilencePolicy
 from agent.conversation.session import Models, Session, SessionConfig
@@ -13,6 +15,8 @@ from agent.tracing.trace import Ev, Stage, Tracer
 from helpers import is_word_prefix
 from doubles import EnergyVAD, ScriptedLLM, ScriptedRecognizer, ToneVoice, burst
 from transport.wavfile import ScriptedTurn, WavConversationTransport
+
+pytestmark = pytest.mark.usefixtures("virtual_clock")
 
 RATE = 16000
 LONG = ("Once upon a time there was a small fox who lived in a quiet wood, and every morning "

@@ -1,0 +1,175 @@
+"""A virtual clock for the orchestration tests: the conversation's real time without the wait.
+
+`VirtualClock(loop)` makes the running event loop's clock, and `time.perf_counter`,
+`time.monotonic`, `time.time` and `time.sleep` (their `_ns` forms too), a clock that jumps to
+the next timer whenever nothing else can happen: no callback is ready, no I/O is waiting and no
+thread job is working. So everything the session paces in seconds (audio fed at 20 ms a frame,
+the reply's playout, a tool's timeout, a filler's delay, a test double's token rate) runs as it
+would in real time, in the same order and at the same virtual instants, but as fast as the CPU
+goes; and it is deterministic: CPU work, on the loop or in `run_in_executor` threads, takes no
+virtual time, however busy the machine is.
+
+Thread jobs (`loop.run_in_executor`, so `asyncio.to_thread` and agent.workers.run_in) hold the
+clock while they work: a VAD frame's job done in 30 ms of a busy CPU still took no virtual time.
+A job that calls `time.sleep(s)` lets the clock go on while it sleeps `s` virtual seconds.
+
+Only for code whose every peer is in this process, on this loop: a reply from another process
+or the network comes in real time, while the clock would have jumped ahead meanwhile.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+
+_real_sleep = time.sleep
+_real_perf_counter = time.perf_counter
+_real_time_ns = time.time_ns
+
+_PATCHED = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns", "sleep")
+_WAIT_S = 0.5  # a real select's slice while a thread job works (the clock stays put meanwhile)
+
+
+class VirtualClock:
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._ns = int(loop.time() * 1e9)  # the virtual now, from the loop's real now: timers already set stay right
+        self._last = self._ns  # the last reading: every reading is 1 ns after the one before (a span lasts > 0)
+        self._wall0 = _real_time_ns() - self._ns
+        self._lock = threading.Lock()
+        self._busy = 0  # thread jobs submitted and not yet finished, less those asleep
+        self._sleepers: set[threading.Event] = set()
+        self._counted = threading.local()
+        self._loop_thread = threading.get_ident()
+        self._saved: dict[str, object] = {}
+        self.active = False
+
+    @staticmethod
+    def real_perf_counter() -> float:
+        return _real_perf_counter()
+
+    # the clock ----------------------------------------------------------------------------------
+    def now_ns(self) -> int:
+        with self._lock:
+            self._last = max(self._ns, self._last + 1)
+            return self._last
+
+    def _loop_time(self) -> float:
+        return self._ns / 1e9
+
+    def perf_counter(self) -> float:
+        return self.now_ns() / 1e9
+
+    def time_ns(self) -> int:
+        return self._wall0 + self.now_ns()
+
+    def time(self) -> float:
+        return self.time_ns() / 1e9
+
+    def advance(self, seconds: float) -> None:
+        """Move the virtual now on by `seconds` (>= 0)."""
+        with self._lock:
+            self._ns += max(0, math.ceil(seconds * 1e9))
+
+    # the loop's wait ------------------------------------------------------------------------------
+    def _select(self, timeout=None):
+        real = self._real_select
+        if timeout is not None and timeout <= 0:
+            return real(0)
+        events = real(0)
+        if events:
+            return events
+        with self._lock:
+            busy = self._busy
+        if busy:
+            return real(_WAIT_S)  # a job's end (or its sleep) wakes the loop at once
+        if timeout is None:  # no timer: only I/O or another thread can wake the loop
+            return real(None)
+        self.advance(timeout)  # nothing can happen before the next timer: jump to it
+        return []
+
+    # thread jobs ------------------------------------------------------------------------------------
+    def _run_in_executor(self, executor, func, *args):
+        state = {"ran": False, "done": False}
+
+        def settle(key: str) -> None:
+            state[key] = True
+            if state["ran"] and state["done"]:
+                with self._lock:
+                    self._busy -= 1
+
+        def job(*a):
+            self._counted.on = True
+            try:
+                return func(*a)
+            finally:
+                self._counted.on = False
+                if self.active:
+                    try:
+                        self.loop.call_soon_threadsafe(settle, "ran")
+                    except RuntimeError:  # the loop closed meanwhile
+                        pass
+
+        with self._lock:
+            self._busy += 1
+        fut = self._real_run_in_executor(executor, job, *args)
+        # the job holds the clock until it has returned (a cancelled await does not end the
+        # work) and its result has reached the loop (else the clock could jump in between)
+        fut.add_done_callback(lambda _: settle("done"))
+        return fut
+
+    def sleep(self, seconds: float) -> None:
+        if not self.active:
+            return _real_sleep(seconds)
+        if threading.get_ident() == self._loop_thread:  # blocks the loop for that long: time passes
+            self.advance(seconds)
+            return
+        woken = threading.Event()
+        counted = getattr(self._counted, "on", False)
+
+        def wake() -> None:
+            if counted:
+                with self._lock:
+                    self._busy += 1
+            woken.set()
+
+        def start() -> None:
+            if counted:
+                with self._lock:
+                    self._busy -= 1
+            self.loop.call_later(max(0.0, seconds), wake)
+
+        self._sleepers.add(woken)
+        try:
+            self.loop.call_soon_threadsafe(start)
+            woken.wait()
+        finally:
+            self._sleepers.discard(woken)
+
+    # install ------------------------------------------------------------------------------------------
+    def __enter__(self) -> "VirtualClock":
+        loop = self.loop
+        self._real_select = loop._selector.select
+        self._real_run_in_executor = loop.run_in_executor
+        loop.time = self._loop_time
+        loop._selector.select = self._select
+        loop.run_in_executor = self._run_in_executor
+        fakes = {"perf_counter": self.perf_counter, "perf_counter_ns": self.now_ns, "monotonic": self.perf_counter,
+                 "monotonic_ns": self.now_ns, "time": self.time, "time_ns": self.time_ns, "sleep": self.sleep}
+        for name in _PATCHED:
+            self._saved[name] = getattr(time, name)
+            setattr(time, name, fakes[name])
+        self.active = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.active = False
+        for name, fn in self._saved.items():
+            setattr(time, name, fn)
+        for woken in list(self._sleepers):  # a thread asleep on the clock wakes now
+            woken.set()
+        loop = self.loop
+        for name in ("time", "run_in_executor"):
+            loop.__dict__.pop(name, None)
+        loop._selector.__dict__.pop("select", None)
