@@ -2,7 +2,7 @@
 turn end to end, speculation that never runs a tool before the commit, barge-in over
 interruptible and uninterruptible tools, the filler, failures, timeouts, the step limit, one
 run per call, call/result pairs through context trimming, and end_call after the goodbye played.
-No models; real time, a few seconds each."""
+No models; the conversation's seconds on the virtual clock (tests/virtual_time.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +10,7 @@ import json
 import time
 
 import numpy as np
+import pytest
 
 from agent import Agent, ToolPolicy, function_tool
 from agent.toolkit.call_control import end_call
@@ -20,6 +21,8 @@ from doubles import EnergyVAD, ScriptedRecognizer, ToneVoice, ToolScriptLLM, bur
 from llm.base import ToolCall
 from test_session_orchestration import config, turn
 from transport.wavfile import WavConversationTransport
+
+pytestmark = pytest.mark.usefixtures("virtual_clock")
 
 RATE = 16000
 QUICK = ToolPolicy(filler_delay_s=5.0)  # no filler unless a test wants one
