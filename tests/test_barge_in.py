@@ -30,6 +30,8 @@ from agent.conversation.turns import (
 )
 from transport.wavfile import ScriptedTurn, WavConversationTransport
 
+pytestmark = pytest.mark.usefixtures("virtual_clock")
+
 RATE = 16000
 LONG = ("Once upon a time there was a small fox who lived in a quiet wood, and every morning "
         "the fox went down to the river to drink and to watch the fish jump in the sun.")
