@@ -6,6 +6,7 @@ import itertools
 import time
 
 import numpy as np
+import pytest
 
 from agent.conversation.records import UserTurn
 from agent.conversation.pipeline import pipeline_named
@@ -14,6 +15,9 @@ from agent.tracing.trace import Ev, Stage, Tracer
 from tts.base import AudioChunk
 from doubles import ScriptedLLM, ToneVoice
 from helpers import await_until
+
+
+pytestmark = pytest.mark.usefixtures("virtual_clock")
 
 
 class Far:
