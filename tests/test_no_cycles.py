@@ -57,6 +57,7 @@ async def left_after(run) -> dict:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("virtual_clock")
 async def test_a_conversation_cut_by_a_barge_in_is_freed_without_the_collector(tmp_path):
     async def run() -> None:
         llm = ScriptedLLM("Paris is the capital. It is a large city on the Seine with many bridges and parks.")
@@ -69,6 +70,7 @@ async def test_a_conversation_cut_by_a_barge_in_is_freed_without_the_collector(t
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("virtual_clock")
 async def test_a_conversation_whose_tool_a_barge_in_cancelled_is_freed_without_the_collector(tmp_path):
     @function_tool
     async def search_flights(destination: str) -> str:
