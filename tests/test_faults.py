@@ -394,6 +394,7 @@ def _flite():
     # A NUL byte: flite is run as a process, and no argument can hold one (ValueError).
     pytest.param(_flite, "\x00", id="flite", marks=pytest.mark.skipif(not flite_available(), reason="no flite")),
 ])
+@pytest.mark.usefixtures("virtual_clock")
 async def test_a_voice_failing_on_one_chunk_skips_it_and_the_reply_goes_on(tmp_path, caplog, voice, poison):
     """The real voice, really failing: no wrapper around it. The chunk it cannot speak is
     skipped, logged with its text and traced; the chunks before and after it are spoken."""
