@@ -116,6 +116,17 @@ def stoppable(llama, stop: ReadAheadStop | None):
         lib.llama_set_abort_callback(ctx, lib.ggml_abort_callback(0), None)
 
 
+def release_sampler(llama) -> None:
+    """Free the sampler of the call that just ended. llama-cpp-python keeps each call's sampler
+    until the next call replaces it, and a sampler holds itself through its exit stack's callback,
+    a reference cycle: only the cyclic collector would free it (and the native sampler, and the
+    logits processor it holds). Closing it frees them now and breaks the cycle."""
+    sampler = getattr(llama, "_sampler", None)
+    if sampler is not None:
+        llama._sampler = None
+        sampler.close()
+
+
 class LlamaCppChat:
     def __init__(self, model_path: str, n_ctx: int = 2048, n_threads: int | None = None,
                  temperature: float = 0.2, max_tokens: int = 96, seed: int = 0, name: str | None = None,
@@ -163,6 +174,7 @@ class LlamaCppChat:
                         yield from calls.flush()
             finally:
                 chunks.close()
+                release_sampler(self._llm)
 
     def _no_repeat(self, messages: list[Message]):
         """A logits processor that keeps the reply from copying an earlier one (llm/no_repeat.py)."""
@@ -189,8 +201,11 @@ class LlamaCppChat:
             tokens = self._prompt_tokens(messages, tools)
             with stoppable(self._llm, stop):
                 if tokens is None:
-                    self._llm.create_chat_completion(messages=template_messages(messages), max_tokens=1,
-                                                     temperature=0.0, **({"tools": tools} if tools else {}))
+                    try:
+                        self._llm.create_chat_completion(messages=template_messages(messages), max_tokens=1,
+                                                         temperature=0.0, **({"tools": tools} if tools else {}))
+                    finally:
+                        release_sampler(self._llm)
                     return
                 for end in warm_pieces(self._cached_prefix(tokens), len(tokens)):
                     if stop is not None and stop.is_set():
@@ -200,6 +215,7 @@ class LlamaCppChat:
                         next(steps)
                     finally:
                         steps.close()
+                        release_sampler(self._llm)
 
     def _cached_prefix(self, tokens: list[int]) -> int:
         """How many of `tokens` llama.cpp holds evaluated already (its cache's common prefix)."""

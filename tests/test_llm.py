@@ -268,3 +268,24 @@ async def test_a_stream_closed_early_goes_on_from_its_words(model):
         model.temperature = 0.2
     assert model.continues_text and rest.strip()
     assert said + rest == whole, (said, rest, whole)
+
+
+async def test_no_sampler_outlives_its_call(model):
+    """llama-cpp-python's sampler holds itself (a reference cycle) and the next call's replaces
+    it; ended calls must leave none for the cyclic collector, which a serving process leaves alone."""
+    import gc
+
+    from llama_cpp._internals import LlamaSampler
+
+    messages = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi there, how are you?"},
+                {"role": "user", "content": "Again."}]
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(3):
+            async for _ in model.stream(messages, max_tokens=4):
+                pass
+            await asyncio.to_thread(model.warm, messages + [{"role": "user", "content": f"and {i}"}])
+        assert sum(type(o) is LlamaSampler for o in gc.get_objects()) == 0
+    finally:
+        gc.enable()

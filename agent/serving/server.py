@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import ctypes
 import dataclasses
-import gc
 import ipaddress
 import itertools
 import logging
@@ -247,11 +246,6 @@ class Server:
         guards = cfg.phone_guards()
         for line, is_open in route_guards(cfg, guards):
             log.log(logging.WARNING if is_open else logging.INFO, "guard: %s", line)
-        # the models and imports live as long as the process: out of every collection, so that
-        # the collector's rare full passes hold the event loop well under a millisecond, not
-        # tens of ms with the default models loaded (a conversation itself is freed by
-        # reference counting: tests/test_no_cycles.py)
-        gc.freeze()
         routes = {f"/{name}": (lambda ws, d=d: MediaStreamTransport(ws, MediaStreamCall(d)))
                   for name, d in DIALECTS.items()}
         routes["/vonage"] = lambda ws: MediaStreamTransport(ws, VonageCall())
@@ -295,7 +289,6 @@ class Server:
         finally:
             await cancel_and_wait(*tasks)
             await offers.close()
-            gc.unfreeze()  # the process ends: its objects may be finalised as usual
 
     async def _finish_live(self) -> None:
         live = len(self.sessions)
