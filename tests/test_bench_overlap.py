@@ -97,7 +97,15 @@ def test_a_backchannel_the_story_resumes_after_is_resumed_and_its_hole_measured(
     row = ov.measure(_item("backchannel"), _conversation(events, heard), [0.0, 4.0], window_end=10.0)
     assert row["valid"] and row["story_turn"] == 0 and row["outcome"] == "resumed"
     assert row["paused"] and row["pause_after_s"] == pytest.approx(0.1) and not row["new_reply"]
-    assert row["longest_silence_s"] == pytest.approx(0.3) and row["passed"]
+    assert row["longest_silence_s"] == pytest.approx(0.3) and row["paused_for_s"] == pytest.approx(0.3)
+    assert row["passed"]
+
+
+def test_the_silence_a_pause_made_is_told_from_the_voice_falling_behind():
+    heard = [chunk(1, 0.0, 0.5), chunk(2, 1.5, 2.0), chunk(3, 2.4, 3.0)]  # a hole 0.5-1.5, a clear at 2.0
+    assert ov.longest_silence(heard, 0.2, 3.0) == pytest.approx(1.0)
+    assert ov.paused_for(heard, [2.0], 3.0, -55.0) == pytest.approx(0.4)
+    assert ov.paused_for(heard, [2.0], 2.2, -55.0) == pytest.approx(0.2)  # the window ended first
 
 
 def test_a_new_reply_after_the_overlap_is_no_resume():

@@ -59,12 +59,14 @@ its capture, bot audio when the player plays it; "voiced": a 10 ms step of heard
   when the story finished: goes on (no `interrupted`, no new reply, and the story is heard again
   after the onset, or finished); paused (a `clear` came); new reply (`bot_text` of another turn:
   the server answered the overlap; "replied" for background and side talk); the longest silence
-  (no voiced step of the story heard) while the story was unfinished. An item passes when it goes
-  on with no silence over 0.5 s and no new reply. While the story is paused and the server has
-  not yet shown what it makes of the overlap, the bench listens on past the window (up to 10 s
-  after the overlap's end), so that resumed, cut and new reply are told apart on a slow machine. v1.5 labels what follows the overlap with an
-  LLM judge (respond / resume / uncertain / unknown); here the server's events say which reply is
-  which, so no judge is needed.
+  (no voiced step of the story heard) while the story was unfinished, and the part of it a pause
+  made (from a `clear` to the story's voice again; the rest is the voice falling behind, which
+  the story's longest hole before the onset shows too). An item passes when it goes on with no
+  silence over 0.5 s and no new reply. While the story is paused and the server has not yet shown
+  what it makes of the overlap, the bench listens on past the window (up to 8 s after the
+  overlap's end), so that resumed, cut and new reply are told apart on a slow machine. v1.5
+  labels what follows the overlap with an LLM judge (respond / resume / uncertain / unknown);
+  here the server's events say which reply is which, so no judge is needed.
 Items whose story had ended before the overlap, or that got no reply at all, are invalid: counted,
 and left out of the rates.
 
@@ -115,10 +117,10 @@ STOP_GAP_S = 0.5  # heard audio that stops this long has stopped (FD-Bench's mod
 VOICED_BELOW_PEAK_DB = 35.0
 VOICED_FLOOR_DB = -70.0
 WINDOW_S, AFTER_S = 6.0, 3.0  # backchannel, background, side talk: the window after the onset
-DECIDE_S = 10.0  # ... listened to longer, up to this after the overlap's end, while the story is paused
+DECIDE_S = 8.0  # ... listened to longer, up to this after the overlap's end, while the story is paused
 HEAR_S = 3.0  # pause, turn taking: at most this long after the reply's first heard audio
 REPLY_WAIT_S = 20.0  # no reply heard this long after the user's turn: the item is invalid
-ANSWER_WAIT_S = 15.0  # interruption: the new question's answer, after its end
+ANSWER_WAIT_S = 12.0  # interruption: the new question's answer, after its end
 ITEM_TIMEOUT_S = 75.0
 LEAD_S = (0.3, 0.5)
 OFFSET_S = (1.5, 2.5)  # the overlap's onset after the reply's first heard audio (FD-Bench v1.5)
@@ -455,6 +457,19 @@ def longest_silence(chunks, start: float, end: float, floor_db: float | None = N
     return max(longest, end - t, 0.0)
 
 
+def paused_for(chunks, clears: Sequence[float], end: float, floor_db: float) -> float:
+    """The longest silence a pause made: from a clear to the next voiced step of `chunks` heard
+    (or `end`). The rest of a silence is the voice falling behind, with or without an overlap."""
+    spans = voiced_spans(chunks, floor_db)
+    out = 0.0
+    for t in clears:
+        if t >= end:
+            break
+        back = next((a for a, b in spans if b > t), end)
+        out = max(out, min(back, end) - t)
+    return out
+
+
 def stop_time(chunks, onset: float, gap_s: float = STOP_GAP_S) -> float:
     """When the heard `chunks` stop after `onset`: the end of the heard audio that runs on from
     the onset with no gap of `gap_s` (the onset itself when none was playing or came soon)."""
@@ -690,6 +705,7 @@ def _measure_overlap(item: Item, s: Seen, row: dict, end: float, start1: float |
         until = last_heard  # the story finished: no silence after its end counts
     row["window"] = [s.rel(onset), s.rel(until)]
     row["longest_silence_s"] = _r(longest_silence(story, onset, until, floor))
+    row["paused_for_s"] = _r(paused_for(story, [t for t, _ in clears], until, floor)) if clears else 0.0
     row["longest_silence_before_s"] = _r(longest_silence(story, first, min(onset, last_heard), floor))
     row["goes_on"] = row["outcome"] in ("went_on", "resumed")
     row["passed"] = row["goes_on"] and row["longest_silence_s"] <= 0.5 and not row["new_reply"]
@@ -712,6 +728,18 @@ def _turn_before(c, t: float) -> int | None:
         if e.get("type") == "bot_text" and isinstance(e.get("turn"), int):
             turn = e["turn"]
     return turn
+
+
+def _answer_heard(c, onset: float, story: int | None, keys: Sequence[str]) -> bool:
+    """The reply after the story has its key word in its text so far, and enough of it was heard
+    to tell a take-over."""
+    texts = [(t, e) for t, e in zip(c.event_times, c.events)
+             if e.get("type") == "bot_text" and t >= onset and e.get("turn") != story]
+    if not texts or not says_key("".join(e.get("text", "") for _, e in texts
+                                         if e.get("turn") == texts[0][1].get("turn")), keys):
+        return False
+    began = texts[0][0]
+    return sum(min(h.end, c.now) - h.start for h in c.heard if h.received >= began) >= TURN_MIN_S + 0.2
 
 
 def _decided(c, onset: float) -> bool:
@@ -763,10 +791,11 @@ async def run_item(url: str, item: Item, timeout_s: float = ITEM_TIMEOUT_S, refu
                     or _done_between(c, "bot_done", end, c.now - 0.5))
         onset = mic.onset(1, c)
         over_end = onset + item.overlap_end_s
-        if item.category == "interruption":
+        if item.category == "interruption":  # the answer finished, or heard long enough and said
             story = _turn_before(c, onset)
             return (c.now > over_end + ANSWER_WAIT_S
-                    or _done_between(c, "bot_done", onset, c.now - 0.5, skip_turn=story))
+                    or _done_between(c, "bot_done", onset, c.now - 0.5, skip_turn=story)
+                    or _answer_heard(c, onset, story, item.key))
         if not window:
             window.append(max(onset + WINDOW_S, over_end + AFTER_S))
         if c.now < window[0]:
@@ -841,6 +870,8 @@ def summarize(category: str, rows: list[dict]) -> dict:
                    if valid else None,
                    longest_silence_p50_s=_median(valid, "longest_silence_s"),
                    longest_silence_max_s=max((r["longest_silence_s"] for r in valid), default=None),
+                   paused_for_p50_s=_median(valid, "paused_for_s"),
+                   paused_for_max_s=max((r["paused_for_s"] for r in valid), default=None),
                    silence_before_p50_s=_median(valid, "longest_silence_before_s"),
                    new_reply=_rate(valid, "new_reply"), cut=_rate(valid, "cut"), passed=_rate(valid, "passed"))
     out["targets"] = TARGETS[category]
@@ -880,7 +911,9 @@ def print_tables(summary: dict, out=None) -> None:
                     ("silence > 0.5 s after the onset", _pct(f["silence_over_05"]), ""),
                     ("longest silence p50 / max",
                      f"{_s(f['longest_silence_p50_s'])} / {_s(f['longest_silence_max_s'])}", ""),
-                    ("  (its own longest pause before the onset, p50)", _s(f["silence_before_p50_s"]), ""),
+                    ("  of it, from a clear to its voice again, p50 / max",
+                     f"{_s(f['paused_for_p50_s'])} / {_s(f['paused_for_max_s'])}", ""),
+                    ("  its voice's longest hole before the onset, p50", _s(f["silence_before_p50_s"]), ""),
                     ("cut (interrupted)", _pct(f["cut"]), ""),
                     ("new reply (it answered the overlap)", _pct(f["new_reply"]), "0 %"),
                     ("passed: goes on, no silence > 0.5 s, no new reply", _pct(f["passed"]), TARGETS[cat]["pass"])]
@@ -904,7 +937,8 @@ def item_line(r: dict) -> str:
         return (f"  {r['name']:<18} stop {_s(r['stop_latency_s'])}  answered {int(r['answered'])}"
                 f"  ({r['answer'][:50]!r})  outcome {r['outcome']}")
     return (f"  {r['name']:<18} {r['outcome']:<9} silence {_s(r['longest_silence_s'])}"
-            f" (before {_s(r['longest_silence_before_s'])})  paused {int(r['paused'])}  heard "
+            f" (from a clear {_s(r['paused_for_s'])}; before the onset {_s(r['longest_silence_before_s'])})"
+            f"  paused {int(r['paused'])}  heard "
             f"{[t for _, t in r['finals'][1:]]}")
 
 

@@ -507,7 +507,11 @@ async def play_along(url: str, mic: Mic, rate: int, *, timeout_s: float = 60.0, 
         try:
             await link.send(json.dumps({"type": "hello", "sample_rate": rate}))
             result.started = loop.time()
-            await link.stream(next_frame, sent)
+            try:  # a server that stops reading blocks the sends: the deadline bounds them too
+                async with asyncio.timeout_at(deadline):
+                    await link.stream(next_frame, sent)
+            except TimeoutError:
+                result.timed_out = True
         finally:
             marker.cancel()
             await asyncio.gather(marker, return_exceptions=True)
