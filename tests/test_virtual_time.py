@@ -74,3 +74,21 @@ async def test_a_thread_job_asleep_lets_the_clock_go_on(virtual_clock):
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(asyncio.to_thread(time.sleep, 5.0), timeout=1.0)
     assert time.perf_counter() - t0 == pytest.approx(1.0, abs=1e-3)
+
+
+async def test_a_queued_job_whose_await_was_cancelled_lets_the_clock_go(virtual_clock):
+    if virtual_clock is None:
+        pytest.skip("DUPLEX_REAL_CLOCK=1")
+    from concurrent.futures import ThreadPoolExecutor
+
+    loop = asyncio.get_running_loop()
+    release = threading.Event()
+    with ThreadPoolExecutor(1) as one:
+        first = loop.run_in_executor(one, release.wait)
+        queued = loop.run_in_executor(one, time.perf_counter)  # waits behind the first
+        queued.cancel()  # its work is cancelled before it began: it never runs
+        release.set()
+        await first
+        t0 = time.perf_counter()
+        await asyncio.wait_for(asyncio.sleep(10.0), timeout=20.0)  # the clock was not left held
+        assert time.perf_counter() - t0 == pytest.approx(10.0, abs=1e-3)

@@ -13,12 +13,15 @@ Thread jobs (`loop.run_in_executor`, so `asyncio.to_thread` and agent.workers.ru
 clock while they work: a VAD frame's job done in 30 ms of a busy CPU still took no virtual time.
 A job that calls `time.sleep(s)` lets the clock go on while it sleeps `s` virtual seconds.
 
-Only for code whose every peer is in this process, on this loop: a reply from another process
-or the network comes in real time, while the clock would have jumped ahead meanwhile.
+Only for code whose every peer is in this process: on this loop (sockets between two ends of
+this loop are fine: loopback hands what one end sent to the other before the send returns) or
+in a thread job. A reply from another process comes in real time, while the clock would have
+jumped ahead meanwhile; threads of their own (not run_in_executor's) are not waited for either.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
 import time
@@ -29,6 +32,7 @@ _real_time_ns = time.time_ns
 
 _PATCHED = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns", "sleep")
 _WAIT_S = 0.5  # a real select's slice while a thread job works (the clock stays put meanwhile)
+_HELD_MAX_S = 20.0  # longer than any test's thread job: a job that never settles is an error, not a hang
 
 
 class VirtualClock:
@@ -39,6 +43,8 @@ class VirtualClock:
         self._wall0 = _real_time_ns() - self._ns
         self._lock = threading.Lock()
         self._busy = 0  # thread jobs submitted and not yet finished, less those asleep
+        self._jobs: dict[int, str] = {}  # the jobs submitted and not yet settled, for the error below
+        self._held_since: float | None = None  # real time since which thread jobs have held the clock
         self._sleepers: set[threading.Event] = set()
         self._counted = threading.local()
         self._loop_thread = threading.get_ident()
@@ -83,7 +89,12 @@ class VirtualClock:
         with self._lock:
             busy = self._busy
         if busy:
+            held = self._held_since = self._held_since or _real_perf_counter()
+            if _real_perf_counter() - held > _HELD_MAX_S:
+                raise RuntimeError(f"virtual clock: thread jobs have held it for {_HELD_MAX_S:g} s of real "
+                                   f"time: {sorted(self._jobs.values())}")
             return real(_WAIT_S)  # a job's end (or its sleep) wakes the loop at once
+        self._held_since = None
         if timeout is None:  # no timer: only I/O or another thread can wake the loop
             return real(None)
         self.advance(timeout)  # nothing can happen before the next timer: jump to it
@@ -91,13 +102,27 @@ class VirtualClock:
 
     # thread jobs ------------------------------------------------------------------------------------
     def _run_in_executor(self, executor, func, *args):
-        state = {"ran": False, "done": False}
+        """`loop.run_in_executor`, counting the job as busy until it has ended (or was cancelled
+        before it began: a queued job whose await was cancelled never runs) and its end has
+        reached the loop (else the clock could jump in between)."""
+        loop = self.loop
+        if executor is None:
+            if loop._default_executor is None:  # made by asyncio, as asyncio makes it
+                self._real_run_in_executor(None, int)
+            executor = loop._default_executor
+        state = {"ended": False, "done": False}
 
         def settle(key: str) -> None:
             state[key] = True
-            if state["ran"] and state["done"]:
+            if state["ended"] and state["done"]:
+                self._jobs.pop(id(state), None)
                 with self._lock:
                     self._busy -= 1
+
+        def ended(_) -> None:  # in the worker thread, or where a queued job is cancelled
+            if self.active:
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(settle, "ended")
 
         def job(*a):
             self._counted.on = True
@@ -105,17 +130,13 @@ class VirtualClock:
                 return func(*a)
             finally:
                 self._counted.on = False
-                if self.active:
-                    try:
-                        self.loop.call_soon_threadsafe(settle, "ran")
-                    except RuntimeError:  # the loop closed meanwhile
-                        pass
 
         with self._lock:
             self._busy += 1
-        fut = self._real_run_in_executor(executor, job, *args)
-        # the job holds the clock until it has returned (a cancelled await does not end the
-        # work) and its result has reached the loop (else the clock could jump in between)
+        self._jobs[id(state)] = repr(func)
+        work = executor.submit(job, *args)
+        work.add_done_callback(ended)  # before wrap_future's: "ended" reaches the loop before the result
+        fut = asyncio.wrap_future(work, loop=loop)
         fut.add_done_callback(lambda _: settle("done"))
         return fut
 
