@@ -30,6 +30,8 @@ from helpers import await_until, free_port, page_conversation
 from media_stream_peers import peer
 from transport.admission import Admission
 
+pytestmark = pytest.mark.usefixtures("virtual_clock")
+
 RATE = 16000
 FRAME = 320  # 20 ms, as the page sends
 
@@ -209,6 +211,7 @@ async def test_a_foreign_origin_is_refused():
         assert await refused_status(s.url("/ws"), origin=f"http://127.0.0.1:{s.port}") is None  # its own page
 
 
+@pytest.mark.real_clock  # the engine's own threads keep the real time
 async def test_free_recognizer_slots_follow_the_in_process_engine():
     from agent.serving.cli import _engine_of
     from asr.engine.recognizer import EngineRecognizer
