@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 
+import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -15,6 +16,8 @@ from agent.serving.holding import Holding, HoldingPolicy
 from helpers import await_until
 from test_serving import RATE, get, serving
 from transport.limits import SourceLimits, SourcePolicy
+
+pytestmark = pytest.mark.usefixtures("virtual_clock")
 
 
 async def hello_then_nothing(url: str) -> list[dict]:
