@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pytest
 from doubles import burst
 from test_serving import serving
 
@@ -20,6 +21,8 @@ from agent.bench.load import (
     run_soak,
     ws_url,
 )
+
+pytestmark = pytest.mark.usefixtures("virtual_clock")
 
 RATE = 16000
 
