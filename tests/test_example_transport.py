@@ -17,6 +17,8 @@ from examples.pcm_tcp_transport import RATE, listener
 from helpers import await_until, duplex_serve_process, flite_available, free_port, say
 from test_serving import doubles, metric_samples, question, serving
 
+pytestmark = pytest.mark.usefixtures("virtual_clock")
+
 
 async def talk(port: int, audio: np.ndarray, quiet_s: float = 1.5, max_s: float = 60.0) -> tuple[bytes, float]:
     """Send `audio` at real time in 20 ms frames, then silence, until the reply has begun and
