@@ -28,6 +28,8 @@ from llm.base import ToolCall
 from media_stream_peers import peer
 from test_telephony_e2e import FakeProvider
 
+pytestmark = pytest.mark.usefixtures("virtual_clock")
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     audioop = pytest.importorskip("audioop")

@@ -8,10 +8,14 @@ import dataclasses
 import json
 import logging
 
+import pytest
+
 from agent.serving.public_errors import public
 from doubles import ScriptedLLM
 from helpers import page_conversation
 from test_serving import RATE, doubles, question, serving
+
+pytestmark = pytest.mark.usefixtures("virtual_clock")
 
 WHERE = "http://10.9.8.7:8000/v1"
 

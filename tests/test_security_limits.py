@@ -10,11 +10,14 @@ import logging
 import socket
 import time
 
+import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from test_serving import serving
 from transport.telephony.audiosocket_server import AudioSocketTransport
+
+pytestmark = pytest.mark.usefixtures("virtual_clock")
 
 
 async def next_event(ws, kind: str) -> dict:
