@@ -32,6 +32,9 @@ RATE = 16000
 LOOPBACK = ["127.0.0.1"]
 
 
+pytestmark = pytest.mark.usefixtures("virtual_clock")
+
+
 def question() -> np.ndarray:
     return np.concatenate([silence(0.3), burst(1.0, seed=1), silence(1.5)])
 
@@ -182,6 +185,7 @@ async def settled_tasks(timeout: float = 10.0) -> set[asyncio.Task]:
     return tasks - {asyncio.current_task()}
 
 
+@pytest.mark.real_clock  # its peer is another process
 async def test_a_vanished_peer_releases_every_task_and_track_within_10s():
     async with serving(ice_hosts=LOOPBACK) as s:
         before = await settled_tasks()
