@@ -30,6 +30,7 @@ def unexpected(records: list[logging.LogRecord]) -> list[str]:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.usefixtures("virtual_clock")
 async def test_fuzzed_sockets_leave_the_server_serving(caplog):
     caplog.set_level(logging.WARNING)
     port, as_port = free_port(), free_port()
