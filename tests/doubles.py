@@ -1,6 +1,7 @@
 """Test doubles for orchestration, behind the real interfaces: a scripted recognizer, a scripted
-LLM, a tone voice and an energy VAD. With them the real Session runs in real time without
-models, deterministically. (The real components are proven by the `models` tests.)
+LLM, a tone voice and an energy VAD. With them the real Session runs without models,
+deterministically, in real time or on the virtual clock (tests/virtual_time.py). (The real
+components are proven by the `models` tests.)
 
 Input "speech" is noise bursts (`burst`); the recognizer hands the k-th burst the k-th text of
 its script, word by word, at times inside the burst, and holds each word back `delay_s` as a
