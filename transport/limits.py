@@ -34,9 +34,9 @@ class SourcePolicy:
 
 
 class SourceLimits:
-    def __init__(self, policy: SourcePolicy | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, policy: SourcePolicy | None = None, clock: Callable[[], float] | None = None):
         self.policy = policy or SourcePolicy()
-        self.clock = clock
+        self.clock = clock or time.monotonic  # read when made: a test's clock too
         self._exempt = [ipaddress.ip_network(n, strict=False) for n in self.policy.exempt]
         self._proxies = [ipaddress.ip_network(n, strict=False) for n in self.policy.trusted_proxies]
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # address -> (tokens, when)

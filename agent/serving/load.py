@@ -45,9 +45,9 @@ class LoadMonitor:
     """Samples in (`observe`, or `run` for the real machine); a reason to refuse out."""
 
     def __init__(self, policy: LoadPolicy | None = None, llm_queue: Callable[[], int] = lambda: 0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] | None = None):
         self.policy = policy or LoadPolicy()
-        self.llm_queue, self.clock = llm_queue, clock
+        self.llm_queue, self.clock = llm_queue, clock or time.monotonic  # read when made: a test's clock too
         self._cpu: deque[tuple[float, float]] = deque(maxlen=256)  # (time, utilisation 0..1)
         self._admitted: deque[float] = deque(maxlen=256)
         self.lag_s = 0.0

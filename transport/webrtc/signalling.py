@@ -90,12 +90,12 @@ class WebRTCOffers:
     closes its peer connection. `close()` ends them all (the server is stopping)."""
 
     def __init__(self, handler: Callable[[Transport], Awaitable[None]], admission: Admission,
-                 options: WebRTCOptions | None = None, clock: Callable[[], float] = time.time,
+                 options: WebRTCOptions | None = None, clock: Callable[[], float] | None = None,
                  limits: SourceLimits | None = None):
         self.handler, self.admission = handler, admission
         self.limits = limits or SourceLimits(SourcePolicy(max_live=0, per_minute=0))  # per caller address
         self.options = options or WebRTCOptions()
-        self.clock = clock  # unix time: TURN credentials expire by it
+        self.clock = clock or time.time  # unix time: TURN credentials expire by it (read when made: a test's clock too)
         self.conversations: set[asyncio.Task] = set()
         self._closing: set[asyncio.Task] = set()  # peer connections of failed offers, being closed
 
