@@ -17,6 +17,9 @@ Only for code whose every peer is in this process: on this loop (sockets between
 this loop are fine: loopback hands what one end sent to the other before the send returns) or
 in a thread job. A reply from another process comes in real time, while the clock would have
 jumped ahead meanwhile; threads of their own (not run_in_executor's) are not waited for either.
+The time functions are replaced on the `time` module: a clock bound before (a default argument
+`clock=time.monotonic`, `from time import monotonic`) keeps the real time, so product code
+reads its default clock when an object is made (agent/serving/holding.py's HeldTransport).
 """
 from __future__ import annotations
 
