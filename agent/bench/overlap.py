@@ -100,7 +100,9 @@ from pathlib import Path
 
 import numpy as np
 
-RATE = 16000  # the mic's rate: what the recognizer hears
+from transport.audio import INPUT_RATE
+
+RATE = INPUT_RATE  # the mic's rate: what the recognizer hears
 CATEGORIES = ("pause", "turn_taking", "interruption", "backchannel", "background", "side_talk")
 OVERLAPS = ("interruption", "backchannel", "background", "side_talk")
 VOICES = ("slt", "kal", "awb", "rms", "piper")  # flite's four, then Piper's default voice

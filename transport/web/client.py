@@ -127,9 +127,12 @@ class _Link:
         self._reader = asyncio.create_task(self._read())
 
     async def stop(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+        # forget the reader: its cancellation's traceback holds its frame, and so this link (a
+        # reference cycle that would keep the conversation until the cyclic collector ran)
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
 
     def note_close(self, exc: ConnectionClosed) -> None:
         r = self.result
