@@ -19,6 +19,9 @@ from test_tools_session import Script, call, spoken
 from test_tools_session import converse as converse_with_tools
 
 PRODUCT = ("agent.", "transport.", "asr.", "llm.", "tts.")
+# the server's side of websockets' connection: what ours makes of each page (the client's own
+# protocol is the test's, kept in the same cycle until the collector runs)
+SERVED = ("websockets.server.ServerProtocol",)
 # the test's own far end and tracer, which the test keeps until it returns
 TEST_SIDE = {"transport.wavfile.WavConversationTransport", "transport.wavfile.ScriptedTurn",
              "transport.audio.Int16RateAdapter", "agent.tracing.trace.Tracer"}
@@ -30,8 +33,9 @@ def census() -> collections.Counter:
         if isinstance(obj, weakref.ProxyTypes):
             continue  # a part's reference to the session: dead once the session is
         module = type(obj).__dict__.get("__module__") if isinstance(obj, type) else type(obj).__module__
-        if isinstance(module, str) and module.startswith(PRODUCT):
-            counts[f"{module}.{type(obj).__qualname__}"] += 1
+        name = f"{module}.{type(obj).__qualname__}"
+        if isinstance(module, str) and (module.startswith(PRODUCT) or name in SERVED):
+            counts[name] += 1
     return counts
 
 

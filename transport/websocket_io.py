@@ -1,7 +1,21 @@
 """The two WebSocket moves every transport shell makes, with a closed connection as a plain value."""
 from __future__ import annotations
 
+from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
+
+
+class ServerLink(ServerConnection):
+    """websockets' server connection, freed by reference counting once it is closed.
+
+    A closed protocol waits in its `discard()` parser for ever, and that suspended generator
+    holds the protocol: a cycle that only the cyclic collector frees. Closing the parser once
+    the connection is lost (nothing feeds it after that) breaks it, so a finished conversation's
+    buffers go back at once (tests/test_no_cycles.py)."""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.protocol.parser.close()
 
 
 async def send_all(ws, *messages: str | bytes) -> None:

@@ -20,7 +20,7 @@ import logging
 import re
 from http import HTTPStatus
 
-from websockets.asyncio.server import ServerConnection
+from transport.websocket_io import ServerLink
 
 MAX_HEAD = 16384
 MAX_BODY = 65536
@@ -127,7 +127,7 @@ class BodySplitter:
         return self._head
 
 
-class BodyConnection(ServerConnection):
+class BodyConnection(ServerLink):
     """websockets' server connection with a `BodySplitter` in front of its request parser."""
 
     def __init__(self, *args, **kwargs):

@@ -21,7 +21,7 @@ from transport.base import AudioIn, AudioOut, ClientEvent, InputEvent, Played, T
 from transport.credentials import header
 from transport.events import SessionEvent
 from transport.limits import SourceLimits, source_of
-from transport.websocket_io import abnormal_close, recv_or_none, send_all
+from transport.websocket_io import ServerLink, abnormal_close, recv_or_none, send_all
 from transport.web.access import BrowserAccess
 from transport.web.request_body import BodyConnection
 from transport.web.protocol import (
@@ -178,7 +178,8 @@ async def run_ops_server(http_routes: dict[str, HttpRoute], admission: Admission
     async def never(ws: ServerConnection) -> None:  # every request is answered above
         await ws.close()
 
-    async with serve(never, host, port, process_request=process_request, max_size=1024, compression=None) as server:
+    async with serve(never, host, port, process_request=process_request, max_size=1024, compression=None,
+                     create_connection=ServerLink) as server:
         log.info("duplex operators' port on %s:%s (/metrics, /healthz, /readyz)", *server.sockets[0].getsockname()[:2])
         if ready is not None:
             ready.set()
