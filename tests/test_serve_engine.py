@@ -33,6 +33,15 @@ SLOTS = 4
 FRAME = 480  # 20 ms, as the page sends
 SETTLE_S = 0.5  # the tiny model's delay (0.16 s), the flush margin (0.16 s) and a frame to spare
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def load(checkpoint, slots: int) -> EngineRecognizer:
+    """The checkpoint's engine with every conv on oneDNN: timing the conv paths (tune_convs, the
+    default for a directory) takes seconds per load and may pick other paths for the 4-slot engine
+    than for the 1-slot reference."""
+    return EngineRecognizer.load(checkpoint, slots=slots, tune_convs=False)
+
 
 def clip(seed: int) -> np.ndarray:
     speech = np.repeat(burst(3.0, seed=seed), 3)[::2]  # 16 kHz noise held to 24 kHz
@@ -53,7 +62,7 @@ def checkpoint(tmp_path_factory):
 async def reference_words(checkpoint, audio: np.ndarray) -> tuple[list[tuple[str, float]], float]:
     """The turn's words (text, start) and its end of speech from the same engine, this audio alone
     in it (its own listener, fed as the server's is: the same 20 ms pieces, VAD and turn rules)."""
-    asr = EngineRecognizer.load(checkpoint, slots=1)
+    asr = load(checkpoint, 1)
     finals: list[UserTranscript] = []
     ends: list[TurnEnded] = []
 
@@ -85,8 +94,9 @@ async def talk(port: int, audio: np.ndarray, log: list[dict], hold: asyncio.Even
     await page_conversation(f"ws://127.0.0.1:{port}/ws", audio, RATE, log, hold)
 
 
+@pytest.mark.usefixtures("virtual_clock")  # server, clients and engine steps (thread jobs) on this loop
 async def test_conversations_share_the_engine_one_slot_each(checkpoint):
-    asr = EngineRecognizer.load(checkpoint, slots=SLOTS)
+    asr = load(checkpoint, SLOTS)
     models = Models(asr=asr, llm=ScriptedLLM("OK."), tts=ToneVoice(), vad_factory=EnergyVAD)
     sessions: list[Session] = []
 
