@@ -92,3 +92,32 @@ async def test_a_queued_job_whose_await_was_cancelled_lets_the_clock_go(virtual_
         t0 = time.perf_counter()
         await asyncio.wait_for(asyncio.sleep(10.0), timeout=20.0)  # the clock was not left held
         assert time.perf_counter() - t0 == pytest.approx(10.0, abs=1e-3)
+
+
+async def test_real_time_paces_the_clock_while_waiting_on_another_process(virtual_clock):
+    if virtual_clock is None:
+        pytest.skip("DUPLEX_REAL_CLOCK=1")
+    import sys
+
+    code = "import time; time.sleep(0.3); print('up', flush=True)"
+    ticks = []
+
+    async def ticker():
+        while True:
+            ticks.append(time.perf_counter())
+            await asyncio.sleep(0.05)
+
+    tick = asyncio.create_task(ticker())
+    real0, t0 = virtual_clock.real_perf_counter(), time.perf_counter()
+    with virtual_clock.real_time():
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE)
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=1.0)  # would time out at once unpaced
+        await proc.wait()
+    real_s, virtual_s = virtual_clock.real_perf_counter() - real0, time.perf_counter() - t0
+    tick.cancel()
+    assert line == b"up\n"
+    assert virtual_s == pytest.approx(real_s, abs=0.05) and virtual_s >= 0.3
+    assert len(ticks) <= real_s / 0.05 + 2, "timers fired at their real time, not all at once"
+    t1 = virtual_clock.real_perf_counter()
+    await asyncio.sleep(30.0)  # outside, the clock jumps again
+    assert virtual_clock.real_perf_counter() - t1 < 1.0

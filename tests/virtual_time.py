@@ -17,6 +17,8 @@ Only for code whose every peer is in this process: on this loop (sockets between
 this loop are fine: loopback hands what one end sent to the other before the send returns) or
 in a thread job. A reply from another process comes in real time, while the clock would have
 jumped ahead meanwhile; threads of their own (not run_in_executor's) are not waited for either.
+Where a test talks to another process for a moment (starting it, a request, its shutdown), it
+wraps that moment in `with clock.real_time():`, and meanwhile the clock runs at the real pace.
 The time functions are replaced on the `time` module: a clock bound before (a default argument
 `clock=time.monotonic`, `from time import monotonic`) keeps the real time, so product code
 reads its default clock when an object is made (agent/serving/holding.py's HeldTransport).
@@ -52,6 +54,7 @@ class VirtualClock:
         self._counted = threading.local()
         self._loop_thread = threading.get_ident()
         self._saved: dict[str, object] = {}
+        self._real_paced = 0  # real_time() blocks open
         self.active = False
 
     @staticmethod
@@ -81,6 +84,17 @@ class VirtualClock:
         with self._lock:
             self._ns += max(0, math.ceil(seconds * 1e9))
 
+    @contextlib.contextmanager
+    def real_time(self):
+        """While inside (on the loop's thread): the clock runs at the real pace, so that a wait on
+        another process (its start, a request, its exit) lasts as long as it really does, and
+        timers meanwhile fire when their real time comes."""
+        self._real_paced += 1
+        try:
+            yield self
+        finally:
+            self._real_paced -= 1
+
     # the loop's wait ------------------------------------------------------------------------------
     def _select(self, timeout=None):
         real = self._real_select
@@ -98,6 +112,11 @@ class VirtualClock:
                                    f"time: {sorted(self._jobs.values())}")
             return real(_WAIT_S)  # a job's end (or its sleep) wakes the loop at once
         self._held_since = None
+        if self._real_paced:
+            t0 = _real_perf_counter()
+            events = real(timeout)
+            self.advance(_real_perf_counter() - t0)
+            return events
         if timeout is None:  # no timer: only I/O or another thread can wake the loop
             return real(None)
         self.advance(timeout)  # nothing can happen before the next timer: jump to it
