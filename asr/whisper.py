@@ -28,6 +28,13 @@ what the reply answers, and it usually runs in the pause before the turn is conf
 speculative decode at a pause), where its extra time hides. `final_beam_size=1` (`duplex serve
 --asr-beam 1`) is the cheaper greedy final.
 
+Unsure finals: the short window mishears some short questions that Whisper's own 30 s window
+gets ("How do I boil an egg?" as "How do I play with the neck"), and the other way round on a
+few. A final whose average log-prob is below `unsure_logprob` is decoded again on the full
+window and the surer answer is kept (by `unsure_margin`, so that a near tie keeps the short
+window's, which is the better on the dev set). Only unsure finals pay the full window's time,
+most of it in the pause as above; `unsure_logprob=None` (`--asr-unsure off`) never asks again.
+
 `scripts/whisper_settings.py` re-measures dev WER, flite questions and final decode time for
 each setting (compute type, beam, window); `duplex bench quality` (docs/quality.md) the
 default's.
@@ -82,6 +89,12 @@ class WhisperOptions:
     final_beam_size: int | None = 5
     language: str = "en"
     window_pad_s: float | None = 10.0  # encoder window = utterance + this (None: always 30 s)
+    # An unsure final (average log-prob below this) is decoded again on Whisper's full 30 s
+    # window, and that answer is kept when it is surer by `unsure_margin` (None: never). The
+    # short window mishears some short questions the full one gets; asking again only when
+    # unsure keeps most finals at the short window's cost (module docstring).
+    unsure_logprob: float | None = -0.5
+    unsure_margin: float = 0.1
 
 
 class WhisperRecognizer:
@@ -126,10 +139,11 @@ class WhisperRecognizer:
 
     def transcribe(self, audio: np.ndarray, word_timestamps: bool = False,
                    keep_going: Callable[[], bool] | None = None,
-                   beam_size: int | None = None) -> tuple[str, tuple[Word, ...]] | None:
+                   beam_size: int | None = None, final: bool = False) -> tuple[str, tuple[Word, ...]] | None:
         """Decode one buffer of float32 16 kHz audio. Blocking. `keep_going` is asked before the
         decode and again after the encoder (about half of it); when it says no, the decode is
-        abandoned and None is returned. `beam_size` defaults to the options' (partials')."""
+        abandoned and None is returned. `beam_size` defaults to the options' (partials');
+        `final`: the decode a reply answers, asked again when unsure (`unsure_logprob`)."""
         if audio.size < SPEECH_RATE // 10:
             return "", ()
         beam = self.options.beam_size if beam_size is None else beam_size
@@ -137,7 +151,7 @@ class WhisperRecognizer:
             if keep_going is not None and not keep_going():
                 return None
             if self.options.window_pad_s is not None:
-                return self._transcribe_window(audio, word_timestamps, keep_going, beam)
+                return self._transcribe_window(audio, word_timestamps, keep_going, beam, final)
             # One pass with a token budget that follows the audio's length: Whisper's
             # temperature fallback re-decodes up to six times.
             segments, _ = self.model.transcribe(
@@ -158,8 +172,9 @@ class WhisperRecognizer:
 
     def _transcribe_window(self, audio: np.ndarray, word_timestamps: bool,
                            keep_going: Callable[[], bool] | None = None,
-                           beam_size: int = 1) -> tuple[str, tuple[Word, ...]] | None:
-        """One decode with the encoder window cut to the audio plus `window_pad_s`."""
+                           beam_size: int = 1, final: bool = False) -> tuple[str, tuple[Word, ...]] | None:
+        """One decode with the encoder window cut to the audio plus `window_pad_s` (a `final`
+        one unsure of it: again on the full window, `WhisperOptions.unsure_logprob`)."""
         from faster_whisper.transcribe import get_compression_ratio, merge_punctuations
 
         model, (tok, suppress) = self.model, self._tokenizer()
@@ -168,13 +183,13 @@ class WhisperRecognizer:
         limit = model.feature_extractor.nb_max_frames
         pad = int(self.options.window_pad_s * 100)
         window = min(limit, -(-(frames + pad) // 100) * 100)
-        x = np.zeros((feats.shape[0], window), dtype=np.float32)
-        x[:, :min(frames, window)] = feats[:, :window]
-        encoded = model.encode(x)
-        if keep_going is not None and not keep_going():
-            return None
 
-        def generate(previous: list[int], beam: int):
+        def encode(window: int):
+            x = np.zeros((feats.shape[0], window), dtype=np.float32)
+            x[:, :min(frames, window)] = feats[:, :window]
+            return model.encode(x)
+
+        def generate(encoded, previous: list[int], beam: int):
             prompt = [*previous, *tok.sot_sequence, tok.no_timestamps]
             result = model.model.generate(
                 encoded, [prompt], beam_size=beam, max_length=len(prompt) + _token_budget(audio),
@@ -183,13 +198,23 @@ class WhisperRecognizer:
             tokens = drop_repeated_tail([t for t in result.sequences_ids[0] if t < tok.eot])
             return result, tokens, tok.decode(tokens).strip()
 
-        result, tokens, text = generate([], beam_size)
+        encoded = encode(window)
+        if keep_going is not None and not keep_going():
+            return None
+        result, tokens, text = generate(encoded, [], beam_size)
         if audio.size <= HUM_RETRY_MAX_S * SPEECH_RATE:  # the encoder's output is reused
-            greedy = result if beam_size == 1 else generate([], 1)[0]
+            greedy = result if beam_size == 1 else generate(encoded, [], 1)[0]
             if greedy.scores[0] < HUM_RETRY_LOGPROB:
-                hum = generate([tok.sot_prev, *tok.encode(HUM_PROMPT)], 1)
+                hum = generate(encoded, [tok.sot_prev, *tok.encode(HUM_PROMPT)], 1)
                 if HUM_TEXT.fullmatch(hum[2]) and hum[0].scores[0] > greedy.scores[0]:
                     result, tokens, text = hum
+        unsure = self.options.unsure_logprob
+        if (final and unsure is not None and window < limit and result.scores[0] < unsure
+                and not HUM_TEXT.fullmatch(text)):
+            full = encode(limit)
+            again = generate(full, [], beam_size)
+            if again[0].scores[0] > result.scores[0] + self.options.unsure_margin:
+                encoded, window, (result, tokens, text) = full, limit, again
         if not text or get_compression_ratio(text) > MAX_COMPRESSION_RATIO:
             return "", ()  # a looping hypothesis, dropped as Whisper's own rule would
         if result.no_speech_prob > NO_SPEECH_THRESHOLD and result.scores[0] < LOGPROB_THRESHOLD:
@@ -344,7 +369,7 @@ class UtteranceDecoder:
             return self._cached[1]
         rec = self.recognizer
         text, words = rec.transcribe(self._buf[:n], word_timestamps=True,  # type: ignore[misc]
-                                     beam_size=rec.final_beam_size)
+                                     beam_size=rec.final_beam_size, final=True)
         off = self.offset_s
         hyp = Hypothesis(text=text, words=tuple(Word(w.text, w.start + off, w.end + off) for w in words),
                          final=True, stable_text=text)

@@ -13,8 +13,8 @@ class RecordingRecognizer(WhisperRecognizer):
         super().__init__(model=None, options=options)
         self.beams: list[tuple[str, int]] = []
 
-    def transcribe(self, audio, word_timestamps=False, keep_going=None, beam_size=None):
-        kind = "final" if word_timestamps else "partial"
+    def transcribe(self, audio, word_timestamps=False, keep_going=None, beam_size=None, final=False):
+        kind = "final" if final else "partial"
         self.beams.append((kind, self.options.beam_size if beam_size is None else beam_size))
         return "hello there", ()
 
@@ -53,3 +53,18 @@ def test_the_asr_beam_flag_sets_the_final_beam_only():
     assert (opts.final_beam_size, opts.beam_size) == (1, 1)
     assert recognizer_options(ModelChoice()) == {}  # the default options: beam 5 finals
     assert recognizer_options(ModelChoice(asr_beam=4))["options"].final_beam_size == 4
+
+
+def test_the_asr_recheck_flag_turns_the_unsure_final_recheck_off():
+    import argparse
+
+    from agent.serving.cli import _model_args
+    from agent.conversation.models import ModelChoice, recognizer_options
+
+    parser = argparse.ArgumentParser()
+    _model_args(parser)
+    assert parser.parse_args([]).asr_recheck == "unsure"
+    args = parser.parse_args(["--asr-recheck", "never"])
+    opts = recognizer_options(ModelChoice(asr_recheck=args.asr_recheck == "unsure"))["options"]
+    assert opts.unsure_logprob is None and opts.final_beam_size == WhisperOptions().final_beam_size
+    assert WhisperOptions().unsure_logprob is not None  # on by default

@@ -4,15 +4,15 @@ Two parts, on the same audio:
 
 1. The recognizer, offline: the final decode of every clip in `../shared/speech/dev` (dev WER,
    `asr.wer`) and of a set of spoken statements and questions (`SPOKEN`, each with a key word,
-   spoken by flite's four voices and by Piper in turn): the share whose key word is heard. For
+   each spoken by flite's four voices and by Piper): the share whose key word is heard. For
    duplex's default decode, its alternatives (`--alternatives`) and, as the reference,
    faster-whisper's own defaults on the same weights (`model.transcribe`, beam 5, 30 s window,
    temperature fallback) with its VAD off (as pipecat runs it, behind its own VAD) and on.
    Decodes are interleaved clip by clip, the settings' order rotated, because the CPU is shared.
 2. The conversation: the spoken set replayed at real-time pace through a `Session`
    (`agent.bench.latency.run_mode`, the WAV transport, default models), once per setting in
-   `--session`: the key words heard in the live finals, the share of replies that echo the
-   user, and voice-to-voice p50/p90 of that same run.
+   `--session` (each sentence once, the voices in turn): the key words heard in the live
+   finals, the share of replies that echo the user, and voice-to-voice p50/p90 of that run.
 
 A reply echoes the user when at least half of its content words (lower-cased, stop words
 dropped, a plural or -ing/-ed ending cut) are words of the user's turn as heard. "He was not a
@@ -121,11 +121,15 @@ class Clip:
 
 
 def spoken_clips(work: Path, piper) -> list[Clip]:
-    out = []
-    for i, (text, key, kind) in enumerate(SPOKEN):
-        voice = VOICES[i % len(VOICES)]
-        out.append(Clip(f"s{i}:{voice}", text, key, kind, speak(text, voice, work / f"s{i}.wav", piper)))
-    return out
+    """Every sentence of `SPOKEN` in every voice."""
+    return [Clip(f"s{i}:{voice}", text, key, kind, speak(text, voice, work / f"s{i}-{voice}.wav", piper))
+            for i, (text, key, kind) in enumerate(SPOKEN) for voice in VOICES]
+
+
+def in_turn(clips: list[Clip]) -> list[Clip]:
+    """Each sentence once, the voices in turn: the conversation's script."""
+    wanted = {f"s{i}:{VOICES[i % len(VOICES)]}" for i in range(len(SPOKEN))}
+    return [c for c in clips if c.name in wanted]
 
 
 def dev_clips(dev_dir: Path) -> list[Clip]:
@@ -156,6 +160,8 @@ ALTERNATIVES = {  # name -> WhisperOptions changes from the default
     "beam5": {"final_beam_size": 5},
     "beam3": {"final_beam_size": 3},
     "beam5-pad15": {"final_beam_size": 5, "window_pad_s": 15.0},
+    "no-recheck": {"unsure_logprob": None},  # `--asr-recheck never`
+    "full-window": {"window_pad_s": 30.0},  # every final on the 30 s window
 }
 
 
@@ -246,7 +252,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     p = argparse.ArgumentParser(prog="duplex bench quality", description=__doc__.split("\n")[0])
     p.add_argument("--dev-dir", type=Path, default=None, help="directory of the dev clips (default ../shared/speech/dev)")
-    p.add_argument("--alternatives", default="greedy",
+    p.add_argument("--alternatives", default="greedy,no-recheck",
                    help=f"comma-separated recognizer settings measured beside the default: {', '.join(ALTERNATIVES)}")
     p.add_argument("--no-reference", action="store_true", help="skip faster-whisper's own defaults")
     p.add_argument("--session", default="default",
@@ -310,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     conv: dict = {}
     if args.session:
         asyncio.run(warm_up(models))
-        script = script_of(spoken)
+        script = script_of(in_turn(spoken))
         run_args = argparse.Namespace(gap=args.gap, reply_timeout=30.0, max_tokens=args.max_tokens,
                                       first_chunk_words=2, endpointing=DEFAULT_POLICY,
                                       system_prompt=args.system_prompt, work_dir=None)
@@ -328,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    run_args, Path(tmp) / f"bot-{name}-{rnd}.wav"))
                     finally:
                         asr.close()
-                    conv.setdefault(name, []).append(conversation_figures(res, spoken))
+                    conv.setdefault(name, []).append(conversation_figures(res, in_turn(spoken)))
         print("\nconversations (concurrent mode): key words heard in the live finals; replies that echo "
               "the user; replies word for word an earlier one's; voice-to-voice (first bot audio - exact end of speech)")
         print(f"{'setting':<20} {'round':>5} {'keywords':>8} {'echoes':>8} {'repeats':>7} {'v2v p50':>8} {'p90':>6}")
