@@ -105,6 +105,11 @@ async def test_readyz_healthz_and_metrics_follow_the_slots(tmp_path):
         for s in (one, two):
             await s.feed(noise(25, seed=id(s) % 100))
         await asyncio.wait_for(asyncio.gather(one.flush(2.0), two.flush(2.0)), 60)
+        # A flush's marker comes back before the engine steps the silence sent after it: the
+        # scrapes below read an engine that has stepped every frame sent, and steps no more.
+        sched = server.recognizer
+        assert await await_until(lambda: sorted(x.frames_done * FRAME for x in sched.sessions)
+                                 == sorted(s.model_samples for s in (one, two)), timeout=30)
         status, _, body = await aget(http, "/readyz")
         assert status == 503 and "no free slot" in body and "2 slots" in body
         with pytest.raises(RecognizerUnavailable, match="no free slot"):
