@@ -144,21 +144,51 @@ async def test_readyz_healthz_and_metrics_follow_the_slots(tmp_path):
         assert (await aget(http, "/nothing"))[0] == 404
 
 
-def start_asr_serve(*args: str) -> tuple[subprocess.Popen, str, object]:
+def spawn_asr_serve(*args: str) -> tuple[subprocess.Popen, object]:
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115 (closed by the caller)
     proc = subprocess.Popen([sys.executable, "-m", "agent.serving.cli", "asr-serve", "--port", "0", "--model", "tiny-random",
                              "--no-tune-convs", *args], env=dict(os.environ, PYTHONUNBUFFERED="1"),
                             stdout=log, stderr=subprocess.STDOUT, text=True)
+    return proc, log
+
+
+def served_url(proc: subprocess.Popen, log) -> str:
+    """The server's ws:// URL, once it says it serves."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         with open(log.name) as f:
             if m := re.search(r"asr-serve: .* on (ws://\S+)", f.read()):
-                return proc, m.group(1), log
+                return m.group(1)
         if proc.poll() is not None:
             break
-        time.sleep(0.1)
+        time.sleep(0.05)
     proc.kill()
     raise RuntimeError(f"asr-serve did not start: {output(log)[-2000:]}")
+
+
+# the subprocess tests' servers, by test
+SERVES = {"drains": ("--slots", "2", "--drain-timeout", "20"), "drain_timeout": ("--slots", "1", "--drain-timeout", "1.5")}
+
+
+@pytest.fixture(scope="module")
+def asr_serve():
+    """`asr_serve(name)`: (process, ws:// URL, log) of a fresh `duplex asr-serve` for one test
+    (each ends its own with SIGTERM). All of them are started at the first one's asking: their
+    start-ups (importing torch and transformers, seconds each) overlap."""
+    started = {name: spawn_asr_serve(*args) for name, args in SERVES.items()}
+
+    def take(name: str) -> tuple[subprocess.Popen, str, object]:
+        proc, log = started[name]
+        return proc, served_url(proc, log), log
+
+    yield take
+    for proc, log in started.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
+        with contextlib.suppress(FileNotFoundError):  # the test removed it
+            os.unlink(log.name)
 
 
 def output(log) -> str:
@@ -166,8 +196,8 @@ def output(log) -> str:
         return f.read()
 
 
-async def test_sigterm_drains_a_live_stream_then_exits_zero():
-    proc, url, log = start_asr_serve("--slots", "2", "--drain-timeout", "20")
+async def test_sigterm_drains_a_live_stream_then_exits_zero(asr_serve):
+    proc, url, log = asr_serve("drains")
     http = url.replace("ws://", "http://").removesuffix(PATH)
     try:
         rec = RemoteRecognizer(url, reconnect_timeout_s=1)
@@ -196,8 +226,8 @@ async def test_sigterm_drains_a_live_stream_then_exits_zero():
         os.unlink(log.name)
 
 
-async def test_drain_timeout_closes_a_stream_that_does_not_end_and_exits_zero():
-    proc, url, log = start_asr_serve("--slots", "1", "--drain-timeout", "1.5")
+async def test_drain_timeout_closes_a_stream_that_does_not_end_and_exits_zero(asr_serve):
+    proc, url, log = asr_serve("drain_timeout")
     try:
         async with websockets.connect(url, additional_headers={"kyutai-api-key": "public_token"}) as ws:
             assert decode_server(await asyncio.wait_for(ws.recv(), 30))["type"] == "Ready"
