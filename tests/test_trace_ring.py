@@ -40,10 +40,10 @@ def test_ring_memory_flat_when_full():
 
     tracemalloc.start()
     try:
-        burst(50_000)  # every slot of the ring now holds a traced event
+        burst(cap)  # 3 events each: every slot of the ring now holds a traced event
         gc.collect()
         m1, _ = tracemalloc.get_traced_memory()
-        burst(200_000)  # 600k more events
+        burst(25_000)  # 75k more events: a leak of one pointer each would be 600 kB
         gc.collect()
         m2, _ = tracemalloc.get_traced_memory()
     finally:
@@ -64,7 +64,7 @@ def test_spans_never_ended_are_bounded():
 def test_spill_receives_overflow(tmp_path):
     p = tmp_path / "spill.jsonl"
     cap = 1000
-    n = 200_003
+    n = 20_003  # 40 spills of half the ring, and a part-filled ring left
     tr = Tracer("sess-1", capacity=cap, spill_path=str(p))
     for i in range(n):
         tr.instant("audio_in", "frame", i // 1000, ts_ns=i, i=i)
