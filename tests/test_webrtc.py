@@ -6,6 +6,7 @@ barge-in that stops the track at once, and a peer that vanishes without closing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -185,23 +186,24 @@ async def settled_tasks(timeout: float = 10.0) -> set[asyncio.Task]:
     return tasks - {asyncio.current_task()}
 
 
-@pytest.mark.real_clock  # its peer is another process
-async def test_a_vanished_peer_releases_every_task_and_track_within_10s():
+async def test_a_vanished_peer_releases_every_task_and_track_within_10s(virtual_clock):
     async with serving(ice_hosts=LOOPBACK) as s:
         before = await settled_tasks()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(Path(__file__).with_name("webrtc_peer.py")), base(s),
-            stdout=asyncio.subprocess.PIPE, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        try:
-            line = await asyncio.wait_for(proc.stdout.readline(), 30)
-            assert line.strip() == b"connected"
-            assert await await_until(lambda: s.admission.live == 1 and len(s.server.sessions) == 1, 10)
-            during = asyncio.all_tasks() - before
-            assert during
-            (inner,) = server_transports(s)
-        finally:
-            proc.send_signal(signal.SIGKILL)  # no close, no DTLS alert, no SCTP abort: gone
-            await proc.wait()
+        # its peer is another process: the clock keeps the real pace until the peer is gone
+        with virtual_clock.real_time() if virtual_clock else contextlib.nullcontext():
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, str(Path(__file__).with_name("webrtc_peer.py")), base(s),
+                stdout=asyncio.subprocess.PIPE, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            try:
+                line = await asyncio.wait_for(proc.stdout.readline(), 30)
+                assert line.strip() == b"connected"
+                assert await await_until(lambda: s.admission.live == 1 and len(s.server.sessions) == 1, 10)
+                during = asyncio.all_tasks() - before
+                assert during
+                (inner,) = server_transports(s)
+            finally:
+                proc.send_signal(signal.SIGKILL)  # no close, no DTLS alert, no SCTP abort: gone
+                await proc.wait()
         t0 = asyncio.get_running_loop().time()
         assert await await_until(lambda: s.admission.live == 0 and not s.server.sessions, 10), "still live"
         assert await await_until(lambda: asyncio.all_tasks() - {asyncio.current_task()} <= before, 10 - (
