@@ -6,6 +6,8 @@ No real model: a tiny random Kyutai model whose lm_head rows are permuted so tha
 the word-boundary (0) and pad (3) tokens, i.e. words (the plain tiny model rarely does). Every
 wait is on what it checks, bounded by a timeout; tests/helpers.wait_until polls with time.sleep,
 which would block the event loop these tests run on, so they use its async twin `await_until`.
+They run on the virtual clock (tests/virtual_time.py): servers, clients and the engine's steps
+(thread jobs) are all on the test's loop, so idle timeouts and reconnect back-offs take no wait.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from asr.serving.server import AsrServer
 sys.path.insert(0, os.path.dirname(__file__))
 from helpers import StreamEvents, await_until, free_port, kernel_socket_buffer_bytes  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "virtual_clock")
 
 SR = 24000
 FRAME = 1920
