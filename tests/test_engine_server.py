@@ -15,7 +15,7 @@ from asr.moshi_protocol import decode_server
 from asr.engine.scheduler import EngineScheduler, SchedulerConfig
 from asr.serving.server import PATH, AsrServer
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "virtual_clock")  # server, clients and engine steps on the test's loop
 
 FRAME = 1920
 KEY = {"kyutai-api-key": "public_token"}
