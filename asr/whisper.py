@@ -209,15 +209,15 @@ class WhisperRecognizer:
                 if HUM_TEXT.fullmatch(hum[2]) and hum[0].scores[0] > greedy.scores[0]:
                     result, tokens, text = hum
         unsure = self.options.unsure_logprob
-        if (final and unsure is not None and window < limit and result.scores[0] < unsure
-                and not HUM_TEXT.fullmatch(text)):
+        if (final and unsure is not None and window < limit and result.scores[0] < unsure and text
+                and not HUM_TEXT.fullmatch(text) and not _silent(result)):  # words, not a hum or noise
             full = encode(limit)
             again = generate(full, [], beam_size)
             if again[0].scores[0] > result.scores[0] + self.options.unsure_margin:
                 encoded, window, (result, tokens, text) = full, limit, again
         if not text or get_compression_ratio(text) > MAX_COMPRESSION_RATIO:
             return "", ()  # a looping hypothesis, dropped as Whisper's own rule would
-        if result.no_speech_prob > NO_SPEECH_THRESHOLD and result.scores[0] < LOGPROB_THRESHOLD:
+        if _silent(result):
             return "", ()  # Whisper's silence rule (faster-whisper applies it on the full window)
         if not word_timestamps:
             return text, ()
@@ -278,6 +278,11 @@ def _probe_decode(model) -> float:
     model.model.generate(encoded, [prompt], max_length=len(prompt) + 12, suppress_blank=False,
                          suppress_tokens=[tok.eot])
     return time.perf_counter() - t
+
+
+def _silent(result) -> bool:
+    """Whisper's rule: "no speech" this likely and a low average log-prob mean no speech."""
+    return result.no_speech_prob > NO_SPEECH_THRESHOLD and result.scores[0] < LOGPROB_THRESHOLD
 
 
 def drop_repeated_tail(tokens: list[int], min_span: int = 4) -> list[int]:

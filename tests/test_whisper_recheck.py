@@ -72,3 +72,12 @@ def test_a_misheard_short_question_is_heard_right_by_default(whisper, question):
     """flite's kal voice: the short window alone has heard "How do I play with the neck"."""
     _, text = windows(whisper, WhisperOptions(), question)
     assert "egg" in text.lower()
+
+
+def test_no_speech_is_not_decoded_again(whisper):
+    """Quiet noise: the short window finds no words (or Whisper's no-speech rule holds), so the
+    full window is not asked even when every final counts as unsure."""
+    noise = np.random.default_rng(0).normal(0.0, 0.001, 48000).astype(np.float32)
+    everything_unsure = dataclasses.replace(WhisperOptions(), unsure_logprob=0.0, unsure_margin=0.0)
+    seen, text = windows(whisper, everything_unsure, noise)
+    assert (len(seen), text) == (1, "")
