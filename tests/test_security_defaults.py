@@ -68,6 +68,7 @@ async def test_every_route_guard_is_logged_at_start(caplog):
     assert not [r for r in caplog.records if r.getMessage().startswith("guard: ") and r.levelno >= logging.WARNING]
 
 
+@pytest.mark.usefixtures("virtual_clock")  # the server and its clients on this loop
 async def test_a_server_token_guards_the_phone_routes():
     async with serving(token="s3cret") as s:
         for route in ("/twilio", "/telnyx", "/plivo", "/exotel", "/vonage"):

@@ -28,6 +28,7 @@ async def upgrade_status(url: str, **kw) -> int | None:
         return exc.response.status_code
 
 
+@pytest.mark.usefixtures("virtual_clock")  # the server and its clients on this loop
 async def test_a_phone_route_refuses_an_upgrade_that_carries_an_origin():
     async with serving() as s:
         for route in PHONE_ROUTES:
