@@ -77,6 +77,7 @@ async def test_a_negotiation_cancelled_midway_gives_the_slot_back_and_closes_the
     await offers.close()
 
 
+@pytest.mark.usefixtures("virtual_clock")  # the server and its peers on this loop
 async def test_a_negotiation_past_its_own_deadline_is_answered_503_and_released(stalled):
     admission = Admission(max_sessions=1)
     offers = WebRTCOffers(never_called, admission, WebRTCOptions(ice_hosts=LOOPBACK, negotiate_timeout_s=0.3))
@@ -99,6 +100,7 @@ async def test_a_peer_connection_that_cannot_be_made_gives_the_slot_back(monkeyp
     assert status == 400 and admission.live == 0
 
 
+@pytest.mark.usefixtures("virtual_clock")  # the server and its peers on this loop
 async def test_one_address_holds_at_most_its_share_of_webrtc_conversations():
     from helpers import await_until
     from test_serving import serving
