@@ -30,23 +30,25 @@ TEST_SIDE = {"transport.wavfile.WavConversationTransport", "transport.wavfile.Sc
 _UNSEEN = object()
 
 
-def counted_as(obj) -> str | None:
-    """The name an object is counted under, or None: not one of the product's (nor SERVED)."""
-    if isinstance(obj, weakref.ProxyTypes):
+def counted_as(kind: type) -> str | None:
+    """The name objects of type `kind` are counted under, or None: not the product's (nor SERVED).
+    From the type alone: an object's own `__class__` may be a lazy proxy's, which imports its
+    target when asked (openai's), building thousands of objects mid-census."""
+    if issubclass(kind, weakref.ProxyTypes):
         return None  # a part's reference to the session: dead once the session is
-    module = type(obj).__dict__.get("__module__") if isinstance(obj, type) else type(obj).__module__
-    name = f"{module}.{type(obj).__qualname__}"
+    module = kind.__dict__.get("__module__") if issubclass(kind, type) else kind.__module__
+    name = f"{module}.{kind.__qualname__}"
     return name if isinstance(module, str) and (module.startswith(PRODUCT) or name in SERVED) else None
 
 
 def census() -> collections.Counter:
     counts: collections.Counter = collections.Counter()
-    names: dict[int, str | None] = {}  # counted_as by the object's type (it depends on nothing else)
-    for obj in gc.get_objects():  # the whole test process's objects: a lookup each, not a name
-        kind = id(type(obj))  # alive while the list holds the object
-        name = names.get(kind, _UNSEEN)
+    names: dict[int, str | None] = {}  # counted_as by type: the whole process's objects, a lookup each
+    for obj in gc.get_objects():
+        kind = type(obj)
+        name = names.get(id(kind), _UNSEEN)  # the type is alive while the list holds the object
         if name is _UNSEEN:
-            name = names[kind] = counted_as(obj)
+            name = names[id(kind)] = counted_as(kind)
         if name is not None:
             counts[name] += 1
     return counts
