@@ -1,5 +1,5 @@
 """`duplex bench quality`'s measures: when a reply echoes the user, and when a key word is heard."""
-from agent.bench.quality import SPOKEN, VOICES, content_words, echoes, key_heard
+from agent.bench.quality import SPOKEN, VOICES, Clip, content_words, echoes, in_turn, key_heard
 
 
 def test_a_reply_that_says_the_users_words_back_echoes():
@@ -30,3 +30,12 @@ def test_the_spoken_set_mixes_statements_and_questions_in_every_voice():
     assert 18 <= len(SPOKEN) <= 24 and kinds.count("statement") >= 8 and kinds.count("question") >= 8
     assert all(key_heard(key, text) for text, key, _ in SPOKEN)
     assert len(SPOKEN) >= 2 * len(VOICES)
+
+
+def test_the_conversation_hears_each_sentence_once_in_the_voices_in_turn():
+    """The recognizer part decodes every sentence in every voice; the conversation replays each
+    sentence once, the voices taking turns, from the same clips."""
+    clips = [Clip(f"s{i}:{v}", text, key, kind, None) for i, (text, key, kind) in enumerate(SPOKEN) for v in VOICES]
+    script = in_turn(clips)
+    assert [c.text for c in script] == [text for text, _, _ in SPOKEN]
+    assert [c.name.split(":")[1] for c in script[:len(VOICES)]] == VOICES
