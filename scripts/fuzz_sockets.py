@@ -67,7 +67,7 @@ sys.path.insert(0, str(ROOT))
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from transport.audio import INPUT_RATE
+from transport.audio import INPUT_RATE, read_mono
 from transport.telephony.media_streams import DIALECTS, Dialect
 
 WS_ROUTES = ["/ws", "/twilio", "/telnyx", "/plivo", "/exotel", "/vonage"]
@@ -1297,21 +1297,13 @@ def speech_audio(kind: str, rate: int = INPUT_RATE) -> np.ndarray:
     quiet = lambda s: np.zeros(int(s * rate), np.float32)
     if kind == "noise":
         speech = (np.random.default_rng(1).standard_normal(rate) * 0.2).astype(np.float32)
+    elif kind == "flite":
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "q.wav")
+            subprocess.run(["flite", "-voice", "slt", "-t", "What time is it?", "-o", path], check=True)
+            speech = read_mono(path, rate)
     else:
-        import soundfile as sf
-
-        from transport.audio import resample
-
-        if kind == "flite":
-            with tempfile.TemporaryDirectory() as d:
-                path = os.path.join(d, "q.wav")
-                subprocess.run(["flite", "-voice", "slt", "-t", "What time is it?", "-o", path], check=True)
-                speech, r = sf.read(path, dtype="float32")
-        else:
-            speech, r = sf.read(kind, dtype="float32")
-        if speech.ndim > 1:
-            speech = speech.mean(axis=1)
-        speech = resample(speech, r, rate)
+        speech = read_mono(kind, rate)
     return np.concatenate([quiet(0.3), speech, quiet(1.2)]).astype(np.float32)
 
 

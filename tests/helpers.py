@@ -257,3 +257,26 @@ def duplex_serve(*args: str):
     """`duplex serve` as `duplex_serve_process`; yields PORT."""
     with duplex_serve_process(*args) as (port, _):
         yield port
+
+
+ENGINE_FRAME = 1920  # samples of one engine frame at the tiny engines' 24 kHz
+
+
+def engine_audio(seed: int, frames: int) -> np.ndarray:
+    """`frames` engine frames of a seeded tone in noise: audio the tiny random engines step on."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(frames * ENGINE_FRAME) / 24000
+    tone = 0.3 * np.sin(2 * np.pi * (200 + 50 * seed) * t)
+    return (tone + 0.2 * rng.standard_normal(t.size)).astype(np.float32)
+
+
+def self_signed_cert(directory: Path):
+    """A certificate for 127.0.0.1 and its key, made with openssl in `directory`, and an SSL
+    context that trusts it: (cert path, key path, client context)."""
+    import ssl
+
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key, ssl.create_default_context(cafile=str(cert))

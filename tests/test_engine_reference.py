@@ -8,18 +8,12 @@ import torch
 
 from asr.engine.kyutai import engine_from_hf
 from asr.engine.mimi import MimiSpec, MimiStreamingEncoder, _StreamConv
+from helpers import ENGINE_FRAME, engine_audio
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 WINDOW = 8
-FRAME = 1920
-
-
-def _audio(seed: int, frames: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    t = np.arange(frames * FRAME) / 24000
-    tone = 0.3 * np.sin(2 * np.pi * (200 + 50 * seed) * t)
-    return (tone + 0.2 * rng.standard_normal(t.size)).astype(np.float32)
+FRAME = ENGINE_FRAME
 
 
 def _hf_codes(hf, audio: np.ndarray) -> torch.Tensor:
@@ -67,7 +61,7 @@ def _run_engine_single(engine, audio: np.ndarray, row: int = 0, start_pos: int =
 @pytest.mark.parametrize("offset", [0, 10**6])
 def test_engine_matches_transformers_over_many_windows(hf, offset):
     frames = 4 * WINDOW  # >= 3x the window: the ring buffer wraps several times
-    audio = _audio(1, frames)
+    audio = engine_audio(1, frames)
     engine = engine_from_hf(hf, batch_size=2)
     tokens, logits = _run_engine_single(engine, audio, row=1, start_pos=offset)
     codes = _hf_codes(hf, audio)
@@ -82,7 +76,7 @@ def test_engine_matches_transformers_over_many_windows(hf, offset):
 def test_reference_window_actually_matters(hf):
     """Guard: with a full causal mask the reference differs, so the window test can fail."""
     frames = 3 * WINDOW
-    audio = _audio(2, frames)
+    audio = engine_audio(2, frames)
     engine = engine_from_hf(hf, batch_size=1)
     tokens, logits = _run_engine_single(engine, audio)
     codes = _hf_codes(hf, audio)
@@ -98,7 +92,7 @@ def test_mimi_streaming_equals_full_encode(hf, path):
     enc.load_hf_state_dict(sd)
     enc.use_conv_path(path)
     frames = 5 * spec.sliding_window
-    audio = _audio(3, frames)
+    audio = engine_audio(3, frames)
     ref = _hf_codes(hf, audio)
     rng = np.random.default_rng(0)
     active = torch.tensor([False, True, False])
@@ -138,7 +132,7 @@ def test_each_conv_path_equals_onednn(cin, cout, k, stride, dilation, bias, path
 @pytest.mark.parametrize("path", [p for p in _StreamConv.PATHS if p != "onednn"])
 def test_engine_with_every_conv_on_one_path_matches_transformers(hf, path):
     frames = 3 * WINDOW
-    audio = _audio(4, frames)
+    audio = engine_audio(4, frames)
     engine = engine_from_hf(hf, batch_size=2)
     engine.mimi.use_conv_path(path)
     assert {c.path for c in engine.mimi.stream_convs() if not c.replicate} == {path}
@@ -156,7 +150,7 @@ def test_an_unavailable_conv_path_is_refused(hf):
 
 def test_tuning_the_convs_leaves_the_streaming_state_as_it_was(hf):
     engine = engine_from_hf(hf, batch_size=4)
-    audio = _audio(5, 3)
+    audio = engine_audio(5, 3)
     _run_engine_single(engine, audio, row=2)  # some state in the pool
     before = {name: b.clone() for name, b in engine.named_buffers()}
     choices = engine.mimi.tune_convs(repeats=2)

@@ -9,17 +9,12 @@ import torch
 from asr.engine.engine import StreamingEngine
 from asr.engine.kyutai import engine_from_hf
 from asr.engine.mimi import _StreamConv
+from helpers import ENGINE_FRAME, engine_audio
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 WINDOW = 8
-FRAME = 1920
-
-
-def _audio(seed: int, frames: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    t = np.arange(frames * FRAME) / 24000
-    return (0.3 * np.sin(2 * np.pi * (150 + 40 * seed) * t) + 0.2 * rng.standard_normal(t.size)).astype(np.float32)
+FRAME = ENGINE_FRAME
 
 
 def _run_schedule(engine: StreamingEngine, schedule: dict[int, tuple[int, np.ndarray]], ticks: int,
@@ -75,7 +70,7 @@ def _alone(hf, audio: np.ndarray, path: str = "onednn"):
 
 def test_slots_are_isolated(hf, conv_path):
     frames = 3 * WINDOW
-    audios = {row: _audio(10 + row, frames) for row in range(5)}
+    audios = {row: engine_audio(10 + row, frames) for row in range(5)}
     starts = {0: 0, 1: 3, 2: 7, 3: 11, 4: 2}
     idle = {1: {5, 6, 20}, 2: {9, 10, 11, 12}, 3: {14}, 4: set(range(4, 12))}
     ticks = max(starts.values()) + frames + 12
@@ -89,11 +84,11 @@ def test_slots_are_isolated(hf, conv_path):
 
 def test_slot_output_independent_of_other_slots_inputs(hf, conv_path):
     frames = 3 * WINDOW
-    mine = _audio(1, frames)
+    mine = engine_audio(1, frames)
     runs = []
     for other_seed in (2, 3):
         engine = _engine(hf, 4, conv_path)
-        schedule = {0: (2, mine), 1: (0, _audio(other_seed, frames)), 3: (5, _audio(other_seed + 7, frames))}
+        schedule = {0: (2, mine), 1: (0, engine_audio(other_seed, frames)), 3: (5, engine_audio(other_seed + 7, frames))}
         runs.append(_run_schedule(engine, schedule, frames + 10, {1: {4, 5}}, garbage_seed=other_seed))
     assert runs[0][1][0] != runs[1][1][0], "the other slot's inputs should differ"
     assert runs[0][0][0] == runs[1][0][0]
@@ -122,9 +117,9 @@ def _poison_row(engine: StreamingEngine, row: int) -> None:
 
 def test_reset_slot_is_bit_identical_to_fresh_pool(hf, conv_path):
     frames = 3 * WINDOW
-    audio = _audio(5, frames)
+    audio = engine_audio(5, frames)
     dirty = _engine(hf, 3, conv_path)
-    _run_schedule(dirty, {1: (0, _audio(6, frames)), 2: (0, _audio(7, frames))}, frames, {}, garbage_seed=3)
+    _run_schedule(dirty, {1: (0, engine_audio(6, frames)), 2: (0, engine_audio(7, frames))}, frames, {}, garbage_seed=3)
     _poison_row(dirty, 1)
     _poison_row(dirty, 0)
     fresh = _engine(hf, 3, conv_path)
@@ -138,7 +133,7 @@ def test_reset_slot_is_bit_identical_to_fresh_pool(hf, conv_path):
 def test_poisoned_neighbour_does_not_leak(hf, conv_path):
     """NaN in an idle row's state never reaches an active row."""
     frames = 2 * WINDOW
-    audio = _audio(8, frames)
+    audio = engine_audio(8, frames)
     engine = _engine(hf, 3, conv_path)
     _poison_row(engine, 0)
     _poison_row(engine, 2)

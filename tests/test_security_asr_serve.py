@@ -13,6 +13,7 @@ from websockets.exceptions import InvalidStatus
 import asr.serving.server as asr_server
 from asr.engine.scheduler import NoFreeSlot
 from asr.serving.server import PATH, AsrServer, api_keys, parse_args
+from helpers import self_signed_cert
 
 
 class NoSlots:
@@ -85,18 +86,13 @@ def test_asr_serve_refuses_before_loading_a_model(monkeypatch):
 async def test_asr_serve_speaks_tls_with_a_certificate_the_test_makes(tmp_path):
     import asyncio
     import ssl
-    import subprocess
     import urllib.request
 
     from websockets.exceptions import InvalidMessage
 
     from asr.serving.server import tls_context
 
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
-    trust = ssl.create_default_context(cafile=str(cert))
+    cert, key, trust = self_signed_cert(tmp_path)
     async with AsrServer(NoSlots(), ("k1",)).serving("127.0.0.1", 0, ssl=tls_context(str(cert), str(key))) as port:
         async with connect(f"wss://127.0.0.1:{port}{PATH}", additional_headers={"kyutai-api-key": "k1"},
                            ssl=trust, open_timeout=10):

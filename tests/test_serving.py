@@ -26,7 +26,7 @@ from agent.serving.metrics import ServerMetrics
 from agent.serving.server import ServeConfig, Server
 from agent.conversation.session import SessionConfig
 from doubles import EnergyVAD, ScriptedLLM, ScriptedRecognizer, ToneVoice, burst
-from helpers import await_until, free_port, page_conversation
+from helpers import await_until, free_port, page_conversation, self_signed_cert
 from media_stream_peers import peer
 from transport.admission import Admission
 
@@ -399,13 +399,8 @@ async def test_a_call_still_live_at_the_drain_timeout_hears_goodbye():
 
 async def test_tls_serves_https_and_wss(tmp_path):
     import ssl
-    import subprocess
 
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
-    trust = ssl.create_default_context(cafile=str(cert))
+    cert, key, trust = self_signed_cert(tmp_path)
     async with serving(certfile=str(cert), keyfile=str(key)) as s:
         def fetch():
             with urllib.request.urlopen(f"https://127.0.0.1:{s.port}/healthz", timeout=10, context=trust) as r:

@@ -48,6 +48,14 @@ def resample(x: np.ndarray, in_rate: int, out_rate: int) -> np.ndarray:
     return soxr.resample(np.asarray(x, dtype=np.float32), in_rate, out_rate, quality="HQ")
 
 
+def read_mono(path, rate: int) -> np.ndarray:
+    """A sound file as mono float32 at `rate` (offline use: benches, tools)."""
+    import soundfile as sf
+
+    x, r = sf.read(path, dtype="float32")
+    return resample(x.mean(axis=1) if x.ndim > 1 else x, r, rate)
+
+
 class Int16RateAdapter:
     """Brings int16 chunks from any source rate to one output rate, streaming, with one resampler
     per source rate (a voice change mid-call keeps working)."""

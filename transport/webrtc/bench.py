@@ -38,9 +38,8 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 
-from transport.audio import INPUT_RATE, resample
+from transport.audio import INPUT_RATE, read_mono
 from transport.web.client import converse, reply_done
 from transport.webrtc.client import connect
 
@@ -56,12 +55,9 @@ def question_audio(wav: str | None) -> tuple[np.ndarray, float]:
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / "q.wav"
             subprocess.run(["flite", "-voice", "slt", "-t", QUESTION, "-o", str(path)], check=True)
-            x, r = sf.read(path, dtype="float32")
+            x = read_mono(path, INPUT_RATE)
     else:
-        x, r = sf.read(wav, dtype="float32")
-    if x.ndim > 1:
-        x = x.mean(axis=1)
-    x = resample(x, r, INPUT_RATE)
+        x = read_mono(wav, INPUT_RATE)
     loud = np.flatnonzero(np.abs(x) > 0.01)
     end_s = 0.5 + (loud[-1] + 1 if loud.size else x.size) / INPUT_RATE
     return np.concatenate([np.zeros(INPUT_RATE // 2, np.float32), x, np.zeros(3 * INPUT_RATE, np.float32)]), end_s
