@@ -213,7 +213,10 @@ class WhisperRecognizer:
                 and not HUM_TEXT.fullmatch(text) and not _silent(result)):  # words, not a hum or noise
             full = encode(limit)
             again = generate(full, [], beam_size)
-            if again[0].scores[0] > result.scores[0] + self.options.unsure_margin:
+            # the full window may change the words, never take them away: an empty or looping
+            # answer there is no surer hearing of what the short window heard as words
+            if (again[2] and not _silent(again[0]) and get_compression_ratio(again[2]) <= MAX_COMPRESSION_RATIO
+                    and again[0].scores[0] > result.scores[0] + self.options.unsure_margin):
                 encoded, window, (result, tokens, text) = full, limit, again
         if not text or get_compression_ratio(text) > MAX_COMPRESSION_RATIO:
             return "", ()  # a looping hypothesis, dropped as Whisper's own rule would

@@ -81,3 +81,28 @@ def test_no_speech_is_not_decoded_again(whisper):
     everything_unsure = dataclasses.replace(WhisperOptions(), unsure_logprob=0.0, unsure_margin=0.0)
     seen, text = windows(whisper, everything_unsure, noise)
     assert (len(seen), text) == (1, "")
+
+
+def test_the_full_window_never_takes_the_words_away(whisper, question):
+    """A full-window answer with no words is not kept however sure it is: the short window's
+    words stay (a user's words over the bot's echo were once lost so, and the reply resumed)."""
+    real = whisper.model.model
+
+    class SureOfNothing:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def generate(self, encoded, prompt, **kw):
+            out = real.generate(encoded, prompt, **kw)
+            if encoded.shape[1] == FULL // 2:  # the encoder's output of the full window
+                eot = whisper._tokenizer()[0].eot
+                return [type("Result", (), {"sequences_ids": [[eot]], "scores": [0.0], "no_speech_prob": 0.0})()]
+            return out
+
+    everything_unsure = dataclasses.replace(WhisperOptions(), unsure_logprob=0.0, unsure_margin=0.0)
+    whisper.model.model = SureOfNothing()
+    try:
+        seen, text = windows(whisper, everything_unsure, question)
+    finally:
+        whisper.model.model = real
+    assert len(seen) == 2 and text
