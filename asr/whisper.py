@@ -33,7 +33,7 @@ gets ("How do I boil an egg?" as "How do I play with the neck"), and the other w
 few. A final whose average log-prob is below `unsure_logprob` is decoded again on the full
 window and the surer answer is kept (by `unsure_margin`, so that a near tie keeps the short
 window's, which is the better on the dev set). Only unsure finals pay the full window's time,
-most of it in the pause as above; `unsure_logprob=None` (`--asr-unsure off`) never asks again.
+most of it in the pause as above; `unsure_logprob=None` (`--asr-recheck never`) never asks again.
 
 `scripts/whisper_settings.py` re-measures dev WER, flite questions and final decode time for
 each setting (compute type, beam, window); `duplex bench quality` (docs/quality.md) the
