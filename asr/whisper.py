@@ -33,7 +33,10 @@ gets ("How do I boil an egg?" as "How do I play with the neck"), and the other w
 few. A final whose average log-prob is below `unsure_logprob` is decoded again on the full
 window and the surer answer is kept (by `unsure_margin`, so that a near tie keeps the short
 window's, which is the better on the dev set). Only unsure finals pay the full window's time,
-most of it in the pause as above; `unsure_logprob=None` (`--asr-recheck never`) never asks again.
+most of it in the pause as above. It is off by default (`--asr-recheck unsure` turns it on, at
+`RECHECK_LOGPROB`): speech over the bot is decoded by the same final, and over the browser's
+echo the full window can hear the bot's words instead of the user's, so a barge-in was lost
+(tests/test_browser_echo.py); the gain on the bench's key words is 1-2 of 100.
 
 `scripts/whisper_settings.py` re-measures dev WER, flite questions and final decode time for
 each setting (compute type, beam, window); `duplex bench quality` (docs/quality.md) the
@@ -68,6 +71,7 @@ HUM_RETRY_LOGPROB = -0.4
 # beam final asks the hum question of a greedy decode (same encoder output, a short utterance:
 # a few ms) and keeps its own words unless the greedy answer is a hum.
 HUM_RETRY_MAX_S = 2.0
+RECHECK_LOGPROB = -0.5  # `--asr-recheck unsure`: a final less sure than this is asked again
 HUM_PROMPT = " Mm-hmm."
 HUM_TEXT = re.compile(r"(?:[mhnu]+(?:-[mhnu]+)*[.!?,]*\s*)+", re.IGNORECASE)
 
@@ -89,11 +93,10 @@ class WhisperOptions:
     final_beam_size: int | None = 5
     language: str = "en"
     window_pad_s: float | None = 10.0  # encoder window = utterance + this (None: always 30 s)
-    # An unsure final (average log-prob below this) is decoded again on Whisper's full 30 s
-    # window, and that answer is kept when it is surer by `unsure_margin` (None: never). The
-    # short window mishears some short questions the full one gets; asking again only when
-    # unsure keeps most finals at the short window's cost (module docstring).
-    unsure_logprob: float | None = -0.5
+    # An unsure final (average log-prob below this, e.g. `RECHECK_LOGPROB`) is decoded again
+    # on Whisper's full 30 s window, and that answer is kept when it is surer by `unsure_margin`
+    # (None, the default: never; module docstring says why it is off).
+    unsure_logprob: float | None = None
     unsure_margin: float = 0.1
 
 

@@ -55,7 +55,7 @@ def test_the_asr_beam_flag_sets_the_final_beam_only():
     assert recognizer_options(ModelChoice(asr_beam=4))["options"].final_beam_size == 4
 
 
-def test_the_asr_recheck_flag_turns_the_unsure_final_recheck_off():
+def test_the_asr_recheck_flag_turns_the_unsure_final_recheck_on():
     import argparse
 
     from agent.serving.cli import _model_args
@@ -63,8 +63,10 @@ def test_the_asr_recheck_flag_turns_the_unsure_final_recheck_off():
 
     parser = argparse.ArgumentParser()
     _model_args(parser)
-    assert parser.parse_args([]).asr_recheck == "unsure"
-    args = parser.parse_args(["--asr-recheck", "never"])
+    from asr.whisper import RECHECK_LOGPROB
+
+    assert parser.parse_args([]).asr_recheck == "never"
+    args = parser.parse_args(["--asr-recheck", "unsure"])
     opts = recognizer_options(ModelChoice(asr_recheck=args.asr_recheck == "unsure"))["options"]
-    assert opts.unsure_logprob is None and opts.final_beam_size == WhisperOptions().final_beam_size
-    assert WhisperOptions().unsure_logprob is not None  # on by default
+    assert opts.unsure_logprob == RECHECK_LOGPROB and opts.final_beam_size == WhisperOptions().final_beam_size
+    assert WhisperOptions().unsure_logprob is None  # off by default
