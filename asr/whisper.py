@@ -34,9 +34,8 @@ few. A final whose average log-prob is below `unsure_logprob` is decoded again o
 window and the surer answer is kept (by `unsure_margin`, so that a near tie keeps the short
 window's, which is the better on the dev set). Only unsure finals pay the full window's time,
 most of it in the pause as above. It is off by default (`--asr-recheck unsure` turns it on, at
-`RECHECK_LOGPROB`): speech over the bot is decoded by the same final, and over the browser's
-echo the full window can hear the bot's words instead of the user's, so a barge-in was lost
-(tests/test_browser_echo.py); the gain on the bench's key words is 1-2 of 100.
+`RECHECK_LOGPROB`): its gain on the bench's key words is 1-2 of 100, and speech over the bot
+goes through the same final, where a later decision costs more than a word is worth.
 
 `scripts/whisper_settings.py` re-measures dev WER, flite questions and final decode time for
 each setting (compute type, beam, window); `duplex bench quality` (docs/quality.md) the
