@@ -140,6 +140,8 @@ class Utterances(Protocol):
     def speaking(self, active: bool) -> None:
         """Whether the user is speaking (the caller's VAD): partials are decoded only then."""
 
-    async def decode_early(self, until_s: float) -> Hypothesis:
+    async def decode_early(self, until_s: float, quick: bool = False) -> Hypothesis:
         """Final-quality text of the utterance up to `until_s`, without emitting it (a pause:
-        speculation). A later `flush(until_s)` over the same audio reuses the result."""
+        speculation). A later `flush(until_s)` over the same audio reuses the result. `quick`:
+        the caller waits on these words (speech over the bot), so no slower second look at an
+        unsure decode."""

@@ -33,9 +33,9 @@ gets ("How do I boil an egg?" as "How do I play with the neck"), and the other w
 few. A final whose average log-prob is below `unsure_logprob` is decoded again on the full
 window and the surer answer is kept (by `unsure_margin`, so that a near tie keeps the short
 window's, which is the better on the dev set). Only unsure finals pay the full window's time,
-most of it in the pause as above. It is off by default (`--asr-recheck unsure` turns it on, at
-`RECHECK_LOGPROB`): its gain on the bench's key words is 1-2 of 100, and speech over the bot
-goes through the same final, where a later decision costs more than a word is worth.
+most of it in the pause as above; speech over the bot, whose words the listener waits on to cut
+or resume the reply, is not asked again (`UtteranceDecoder.decode(recheck=False)`).
+`--asr-recheck never` turns it off.
 
 `scripts/whisper_settings.py` re-measures dev WER, flite questions and final decode time for
 each setting (compute type, beam, window); `duplex bench quality` (docs/quality.md) the
@@ -70,7 +70,7 @@ HUM_RETRY_LOGPROB = -0.4
 # beam final asks the hum question of a greedy decode (same encoder output, a short utterance:
 # a few ms) and keeps its own words unless the greedy answer is a hum.
 HUM_RETRY_MAX_S = 2.0
-RECHECK_LOGPROB = -0.5  # `--asr-recheck unsure`: a final less sure than this is asked again
+RECHECK_LOGPROB = -0.5  # a final less sure than this is asked again (`--asr-recheck never`: none)
 HUM_PROMPT = " Mm-hmm."
 HUM_TEXT = re.compile(r"(?:[mhnu]+(?:-[mhnu]+)*[.!?,]*\s*)+", re.IGNORECASE)
 
@@ -92,10 +92,9 @@ class WhisperOptions:
     final_beam_size: int | None = 5
     language: str = "en"
     window_pad_s: float | None = 10.0  # encoder window = utterance + this (None: always 30 s)
-    # An unsure final (average log-prob below this, e.g. `RECHECK_LOGPROB`) is decoded again
-    # on Whisper's full 30 s window, and that answer is kept when it is surer by `unsure_margin`
-    # (None, the default: never; module docstring says why it is off).
-    unsure_logprob: float | None = None
+    # An unsure final (average log-prob below this) is decoded again on Whisper's full 30 s
+    # window, and that answer is kept when it is surer by `unsure_margin` (None: never).
+    unsure_logprob: float | None = RECHECK_LOGPROB
     unsure_margin: float = 0.1
 
 
@@ -370,16 +369,17 @@ class UtteranceDecoder:
         self._previous = words
         return Hypothesis(text=text, final=False, stable_text=" ".join(self._committed))
 
-    def decode(self, n_samples: int | None = None) -> Hypothesis:
+    def decode(self, n_samples: int | None = None, recheck: bool = True) -> Hypothesis:
         """Final-quality decode (with word times) of the first `n_samples` of the utterance,
-        without ending it. The result is cached: `finalize` over the same audio reuses it, so a
-        speculative decode at a pause makes the final free when nothing was said after it."""
+        without ending it (`recheck`: an unsure one is asked again, `WhisperOptions.unsure_logprob`).
+        The result is cached: `finalize` over the same audio reuses it, so a speculative decode
+        at a pause makes the final free when nothing was said after it."""
         n = self._n if n_samples is None else max(0, min(int(n_samples), self._n))
         if self._cached is not None and self._cached[0] == n:
             return self._cached[1]
         rec = self.recognizer
         text, words = rec.transcribe(self._buf[:n], word_timestamps=True,  # type: ignore[misc]
-                                     beam_size=rec.final_beam_size, final=True)
+                                     beam_size=rec.final_beam_size, final=recheck)
         off = self.offset_s
         hyp = Hypothesis(text=text, words=tuple(Word(w.text, w.start + off, w.end + off) for w in words),
                          final=True, stable_text=text)

@@ -341,3 +341,17 @@ def test_speech_resumed_after_a_pause_voids_it():
     d = Driver(audio=False, endpointing=SilencePolicy()).frames("#" * 20 + "." * 8).frames("###")
     assert d.kinds()[-2:] == [UserResumed, StateChange]
     assert [type(c.event) for c in d.log if isinstance(c, Emit)][:3] == [UserStarted, StateChange, UserStopped]
+
+
+def test_speech_over_the_bot_is_decoded_quick_and_a_turn_of_its_own_is_not():
+    """The words over the paused bot cut or resume it as soon as they are known: that decode
+    takes no second look when unsure (Whisper's full-window recheck); a turn's own pause does."""
+    d = Driver(endpointing=RulesPolicy()).frames("#" * 20 + ".").early().audio(0.9)
+    (own,) = d.decoding
+    assert not own.quick
+    d.decoded("tell me a story").frames("." * 7)
+    d.final("tell me a story").bot_speaks().frames("####.")
+    assert d.m.turns.overlap_undecided
+    d.early().audio(0.05)
+    (over,) = d.decoding
+    assert over.quick

@@ -55,7 +55,7 @@ def test_the_asr_beam_flag_sets_the_final_beam_only():
     assert recognizer_options(ModelChoice(asr_beam=4))["options"].final_beam_size == 4
 
 
-def test_the_asr_recheck_flag_turns_the_unsure_final_recheck_on():
+def test_the_unsure_final_recheck_is_on_by_default_and_one_flag_turns_it_off():
     import argparse
 
     from agent.serving.cli import _model_args
@@ -65,8 +65,10 @@ def test_the_asr_recheck_flag_turns_the_unsure_final_recheck_on():
     _model_args(parser)
     from asr.whisper import RECHECK_LOGPROB
 
-    assert parser.parse_args([]).asr_recheck == "never"
-    args = parser.parse_args(["--asr-recheck", "unsure"])
+    default = parser.parse_args([])
+    assert default.asr_recheck == "unsure"
+    assert recognizer_options(ModelChoice(asr_recheck=default.asr_recheck == "unsure")) == {}
+    assert WhisperOptions().unsure_logprob == RECHECK_LOGPROB
+    args = parser.parse_args(["--asr-recheck", "never"])
     opts = recognizer_options(ModelChoice(asr_recheck=args.asr_recheck == "unsure"))["options"]
-    assert opts.unsure_logprob == RECHECK_LOGPROB and opts.final_beam_size == WhisperOptions().final_beam_size
-    assert WhisperOptions().unsure_logprob is None  # off by default
+    assert opts.unsure_logprob is None and opts.final_beam_size == WhisperOptions().final_beam_size

@@ -52,6 +52,22 @@ def test_an_unsure_final_is_decoded_again_on_the_full_window(whisper, question):
     assert len(seen) == 2 and seen[0] < FULL and seen[1] == FULL
 
 
+def test_a_decode_told_not_to_recheck_is_decoded_once_however_unsure(whisper, question):
+    """Speech over the bot: the listener waits on its words to cut or resume the reply."""
+    everything_unsure = dataclasses.replace(WhisperOptions(), unsure_logprob=0.0, unsure_margin=0.0)
+    rec = WhisperRecognizer(whisper.model, everything_unsure)
+    seen: list[int] = []
+    encode = whisper.model.encode
+    whisper.model.encode = lambda features, *a, **k: (seen.append(features.shape[-1]), encode(features, *a, **k))[1]
+    try:
+        dec = rec.open_decoder()
+        dec.push(question)
+        dec.decode(recheck=False)
+    finally:
+        del whisper.model.encode
+    assert len(seen) == 1 and seen[0] < FULL
+
+
 def test_a_sure_final_and_a_partial_are_decoded_once_on_the_short_window(whisper, question):
     nothing_unsure = dataclasses.replace(WhisperOptions(), unsure_logprob=-100.0)
     seen, _ = windows(whisper, nothing_unsure, question)

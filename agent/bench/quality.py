@@ -40,7 +40,6 @@ import numpy as np
 from agent.bench.latency import (ASR_RATE, LEAD_S, ScriptLine, _dev_clip, _dev_transcripts, default_dev_dir,
                                  run_mode, speech_end_offset, warm_up)
 from asr.wer import normalize, wer
-from asr.whisper import RECHECK_LOGPROB
 
 # (what is said, its key word, statement or question). Statements are where a small model
 # echoes; the questions' answers need words the question does not have.
@@ -161,7 +160,7 @@ ALTERNATIVES = {  # name -> WhisperOptions changes from the default
     "beam5": {"final_beam_size": 5},
     "beam3": {"final_beam_size": 3},
     "beam5-pad15": {"final_beam_size": 5, "window_pad_s": 15.0},
-    "recheck": {"unsure_logprob": RECHECK_LOGPROB},  # `--asr-recheck unsure`
+    "no-recheck": {"unsure_logprob": None},  # `--asr-recheck never`
     "full-window": {"window_pad_s": 30.0},  # every final on the 30 s window
 }
 
@@ -253,7 +252,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     p = argparse.ArgumentParser(prog="duplex bench quality", description=__doc__.split("\n")[0])
     p.add_argument("--dev-dir", type=Path, default=None, help="directory of the dev clips (default ../shared/speech/dev)")
-    p.add_argument("--alternatives", default="greedy,recheck",
+    p.add_argument("--alternatives", default="greedy,no-recheck",
                    help=f"comma-separated recognizer settings measured beside the default: {', '.join(ALTERNATIVES)}")
     p.add_argument("--no-reference", action="store_true", help="skip faster-whisper's own defaults")
     p.add_argument("--session", default="default",

@@ -189,9 +189,9 @@ class Listener:
             case QueueEarlyDecode(t_end, until):
                 previous = self._early_task
                 self._early_task = _spawn(self._early_transcript(t_end, until, previous), "asr-early")
-            case DecodeEarly(t_end, until):
+            case DecodeEarly(t_end, until, quick):
                 with self.tracer.span(Stage.ASR, Ev.PAUSE_DECODE, turn=self._turn()):
-                    text, _ = await self._transcript_until(until, take=False)
+                    text, _ = await self._transcript_until(until, take=False, quick=quick)
                 await self._carry_out(m.on_early_transcript(
                     t_end, text, echo=bool(text) and m.turns.overlap_undecided and self._is_echo(text)))
             case CheckAudioTurn(t_end, heard_silence_s, pause_s):
@@ -230,11 +230,11 @@ class Listener:
         echo = bool(text) and self._is_echo(text)
         await self._carry_out(self.machine.on_final(time.perf_counter(), text, words, echo))
 
-    async def _transcript_until(self, until: float, take: bool) -> tuple[str, tuple[Word, ...]]:
-        """The words said by stream time `until`: an early decode (not taken), or a flush of the
-        stream; `take`: they belong to the turn that ended and leave the buffer."""
+    async def _transcript_until(self, until: float, take: bool, quick: bool = False) -> tuple[str, tuple[Word, ...]]:
+        """The words said by stream time `until`: an early decode (not taken; `quick`: no second
+        look), or a flush of the stream; `take`: they belong to the turn that ended and leave the buffer."""
         if not take and self._utterances is not None:
-            hyp = await self._utterances.decode_early(until)
+            hyp = await self._utterances.decode_early(until, quick=quick)
             return hyp.text, hyp.words
         await self._words.flush(self.stream, until)
         return self._words.take(until, keep=not take)

@@ -221,10 +221,12 @@ class QueueEarlyDecode:
 
 @dataclass(frozen=True)
 class DecodeEarly:
-    """The words said by `until`, left in the buffer for the final: `on_early_transcript`."""
+    """The words said by `until`, left in the buffer for the final: `on_early_transcript`.
+    `quick`: speech over the paused bot, whose words decide now: no second look when unsure."""
 
     t_speech_end: float
     until: float
+    quick: bool = False
 
 
 @dataclass(frozen=True)
@@ -337,7 +339,7 @@ class ListenMachine:
             yield AwaitAudioCheck()
             if not self._silent_since(t_speech_end):
                 return  # the user went on meanwhile: their next silence decodes
-        yield DecodeEarly(t_speech_end, until)
+        yield DecodeEarly(t_speech_end, until, quick=self.turns.overlap_undecided)
 
     def on_early_transcript(self, t_speech_end: float, text: str, echo: bool = False) -> Commands:
         """The early decode's words (`DecodeEarly`); `echo`: they are the bot's own heard back."""

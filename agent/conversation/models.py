@@ -34,7 +34,7 @@ class ModelChoice:
     asr_api_key: str | None = None  # for a ws:// recognizer
     asr_slots: int = 8  # the in-process engine's batch size
     asr_beam: int | None = None  # Whisper's final-decode beam (None: WhisperOptions' default, 5; 1: greedy)
-    asr_recheck: bool = False  # an unsure Whisper final is decoded again on the full window (WhisperOptions)
+    asr_recheck: bool = True  # an unsure Whisper final is decoded again on the full window (WhisperOptions)
     device: str = "cpu"  # where the in-process engine runs
     llm: str = bundled.DEFAULT  # a name in llm.bundled.BUNDLED | path.gguf | http://host:port/v1
     llm_model: str | None = None  # the model name at an OpenAI-compatible endpoint
@@ -88,8 +88,6 @@ def recognizer_options(choice: ModelChoice) -> dict:
     changes = {}
     if choice.asr_beam:
         changes["final_beam_size"] = choice.asr_beam
-    if choice.asr_recheck:
-        from asr.whisper import RECHECK_LOGPROB
-
-        changes["unsure_logprob"] = RECHECK_LOGPROB
+    if not choice.asr_recheck:
+        changes["unsure_logprob"] = None
     return {"options": WhisperOptions(**changes)} if changes else {}

@@ -36,9 +36,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--asr-beam", type=positive_int, default=None,
                    help="the beam of Whisper's final decode (default 5; 1, greedy: dev WER 5.0 -> 9.9 %% for "
                         "~20-46 ms less a final, see docs/quality.md); partials stay greedy")
-    p.add_argument("--asr-recheck", choices=["unsure", "never"], default="never",
-                   help="unsure: decode an unsure Whisper final again on the full 30 s window and keep the "
-                        "surer answer (default never: every final at the short window's cost; docs/quality.md)")
+    p.add_argument("--asr-recheck", choices=["unsure", "never"], default="unsure",
+                   help="unsure (the default): decode an unsure Whisper final again on the full 30 s window and "
+                        "keep the surer answer; never: every final at the short window's cost (docs/quality.md)")
     p.add_argument("--llm", default=bundled.DEFAULT,
                    help=f"{bundled.names_help()} | path to a .gguf | "
                         "URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 | "
