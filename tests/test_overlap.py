@@ -4,8 +4,8 @@ import pytest
 from test_turns import B, I, T, Driver
 
 from agent.conversation.overlap import BALANCED, DEFAULT_STYLE, FLOOR_HOLDING, RESPONSIVE, STYLES
-from agent.conversation.turns import (CancelReply, DiscardTranscript, PauseReply, ResumeReply, TurnConfig,
-                                     addressed_elsewhere)
+from agent.conversation.addressing import addressed_elsewhere
+from agent.conversation.turns import CancelReply, DiscardTranscript, PauseReply, ResumeReply, TurnConfig
 
 
 def speaking(style) -> Driver:
@@ -68,6 +68,13 @@ def test_side_talk_is_told_by_who_the_words_call():
                  "Okay, stop.", "Hey, what time is it?", "Can you close the window?", "Stop."):
         assert not addressed_elsewhere(said), said
     assert not addressed_elsewhere("Ava, stop.", own_names=("ava",))
+
+
+def test_a_misheard_stop_is_no_name_and_a_stop_is_for_the_bot_whoever_it_calls():
+    # Whisper's takes of "Stop, stop. Wait a moment please." over the bot's echo in a browser
+    for said in ("Tots, top way to momentally", "Chuck, wait a moment, please.", "Tuck, tuck, tuck,",
+                 "Tats, tat, wait a moment.", "Honey, stop the music.", "Tom, hold on a second."):
+        assert not addressed_elsewhere(said), said
 
 
 def test_side_talk_over_the_bot_lets_it_go_on_and_is_no_turn_but_its_own_name_cuts_it():

@@ -128,6 +128,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import NamedTuple
 
+from agent.conversation.addressing import addressed_elsewhere
 from agent.conversation.endpointing import CombinedPolicy, EndOfTurnPolicy, Features
 
 
@@ -146,38 +147,6 @@ def interrupting_words(text: str, backchannels: tuple[str, ...] = ()) -> int:
     words = (re.sub(r"[^\w']", "", w).lower() for w in text.split())
     return sum(1 for w in words
                if any(ch.isalnum() for ch in w) and not NONLEXICAL.fullmatch(w) and w not in backchannels)
-
-
-# words that call someone by a role rather than a name; "hey" and the like may go before them
-VOCATIVES = ("honey", "hon", "sweetie", "sweetheart", "babe", "baby", "darling", "dear", "love", "mom", "mum",
-             "mommy", "mama", "dad", "daddy", "papa", "grandma", "grandpa", "granny", "kids", "guys", "buddy",
-             "son", "sis", "bro", "auntie", "uncle")
-# capitalised words that open a sentence without naming anyone ("Wait, ...", "Sorry, ...")
-_OPENERS = frozenset("""wait sorry okay ok yes yeah yep no nope so well hey hi hello please stop actually look listen
-    right alright and but um uh hmm oh ah excuse pardon thanks thank great cool wow fine sure hold now then also
-    anyway honestly really what why how who where when which can could would will do does is are i you it that this
-    first next again oops gosh jeez man perfect good nice awesome exactly true indeed agreed sir madam ma'am
-    mister miss folks everyone""".split())
-
-
-def addressed_elsewhere(text: str, own_names: tuple[str, ...] = ()) -> bool:
-    """The utterance opens by calling someone other than the bot: "Honey, can you ...", "Tom,
-    please ...", "Hey Jenny, ...". Its opening before the first comma is one or two words (a
-    greeting may go first): a role (`VOCATIVES`) or a capitalised word that is neither a common
-    opener ("Wait,", "Sorry,") nor one of the bot's `own_names` (lowercase)."""
-    head, comma, _ = text.strip().partition(",")
-    words = [re.sub(r"[^\w']", "", w) for w in head.split()]
-    if not comma or not words:
-        return False
-    if len(words) == 2 and words[0].lower() in ("hey", "hi", "oh", "hello", "okay", "ok"):
-        words = words[1:]
-    if len(words) != 1:
-        return False
-    w = words[0]
-    low = w.lower()
-    if low in own_names:
-        return False
-    return low in VOCATIVES or (w[:1].isupper() and w[1:].islower() and low not in _OPENERS)
 
 
 # words a listener says over a speaker to show they follow, not to take the turn: over the bot,
