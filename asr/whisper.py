@@ -9,7 +9,10 @@ Encoder window: faster-whisper always runs Whisper's encoder on a 30 s window, w
 a decode's cost. CTranslate2 accepts a shorter window (as whisper.cpp's `--audio-ctx` does), so
 by default the window is the utterance plus `window_pad_s` of padding (whole seconds, at most
 30 s): a 3 s utterance decodes in about half the time. Much less padding than ~10 s makes
-tiny.en loop on short, list-like clips ("5 5 5 5 ..."). `window_pad_s=None` gives
+tiny.en loop on short, list-like clips ("5 5 5 5 ..."). A final (what the reply answers) may pad
+by more (`final_window_pad_s`): 20 s gets a few more dev words right than 10 s but makes every
+turn about a fifth slower (`duplex bench quality`'s `pad20` alternative, `duplex bench latency`;
+docs/quality.md), so by default it pads as a partial does. `window_pad_s=None` gives
 faster-whisper's own full-window decode.
 
 Weights run as int8 by default (CTranslate2 quantises the float32 model at load time): a final
@@ -92,6 +95,7 @@ class WhisperOptions:
     final_beam_size: int | None = 5
     language: str = "en"
     window_pad_s: float | None = 10.0  # encoder window = utterance + this (None: always 30 s)
+    final_window_pad_s: float | None = None  # the same for a final decode (None: `window_pad_s`)
     # An unsure final (average log-prob below this) is decoded again on Whisper's full 30 s
     # window, and that answer is kept when it is surer by `unsure_margin` (None: never).
     unsure_logprob: float | None = RECHECK_LOGPROB
@@ -140,11 +144,13 @@ class WhisperRecognizer:
 
     def transcribe(self, audio: np.ndarray, word_timestamps: bool = False,
                    keep_going: Callable[[], bool] | None = None,
-                   beam_size: int | None = None, final: bool = False) -> tuple[str, tuple[Word, ...]] | None:
+                   beam_size: int | None = None, final: bool = False,
+                   pad_s: float | None = None) -> tuple[str, tuple[Word, ...]] | None:
         """Decode one buffer of float32 16 kHz audio. Blocking. `keep_going` is asked before the
         decode and again after the encoder (about half of it); when it says no, the decode is
         abandoned and None is returned. `beam_size` defaults to the options' (partials');
-        `final`: the decode a reply answers, asked again when unsure (`unsure_logprob`)."""
+        `final`: the decode a reply answers, asked again when unsure (`unsure_logprob`); `pad_s`:
+        the encoder window's padding (default `window_pad_s`)."""
         if audio.size < SPEECH_RATE // 10:
             return "", ()
         beam = self.options.beam_size if beam_size is None else beam_size
@@ -152,7 +158,7 @@ class WhisperRecognizer:
             if keep_going is not None and not keep_going():
                 return None
             if self.options.window_pad_s is not None:
-                return self._transcribe_window(audio, word_timestamps, keep_going, beam, final)
+                return self._transcribe_window(audio, word_timestamps, keep_going, beam, final, pad_s)
             # One pass with a token budget that follows the audio's length: Whisper's
             # temperature fallback re-decodes up to six times.
             segments, _ = self.model.transcribe(
@@ -173,7 +179,8 @@ class WhisperRecognizer:
 
     def _transcribe_window(self, audio: np.ndarray, word_timestamps: bool,
                            keep_going: Callable[[], bool] | None = None,
-                           beam_size: int = 1, final: bool = False) -> tuple[str, tuple[Word, ...]] | None:
+                           beam_size: int = 1, final: bool = False,
+                           pad_s: float | None = None) -> tuple[str, tuple[Word, ...]] | None:
         """One decode with the encoder window cut to the audio plus `window_pad_s` (a `final`
         one unsure of it: again on the full window, `WhisperOptions.unsure_logprob`)."""
         from faster_whisper.transcribe import get_compression_ratio, merge_punctuations
@@ -182,7 +189,7 @@ class WhisperRecognizer:
         feats = model.feature_extractor(audio)  # (mels, frames), 100 frames a second
         frames = feats.shape[-1]
         limit = model.feature_extractor.nb_max_frames
-        pad = int(self.options.window_pad_s * 100)
+        pad = int((self.options.window_pad_s if pad_s is None else pad_s) * 100)
         window = min(limit, -(-(frames + pad) // 100) * 100)
 
         def encode(window: int):
@@ -379,7 +386,8 @@ class UtteranceDecoder:
             return self._cached[1]
         rec = self.recognizer
         text, words = rec.transcribe(self._buf[:n], word_timestamps=True,  # type: ignore[misc]
-                                     beam_size=rec.final_beam_size, final=recheck)
+                                     beam_size=rec.final_beam_size, final=recheck,
+                                     pad_s=rec.options.final_window_pad_s)
         off = self.offset_s
         hyp = Hypothesis(text=text, words=tuple(Word(w.text, w.start + off, w.end + off) for w in words),
                          final=True, stable_text=text)

@@ -12,10 +12,12 @@ class RecordingRecognizer(WhisperRecognizer):
     def __init__(self, options: WhisperOptions):
         super().__init__(model=None, options=options)
         self.beams: list[tuple[str, int]] = []
+        self.pads: list[float | None] = []
 
-    def transcribe(self, audio, word_timestamps=False, keep_going=None, beam_size=None, final=False):
+    def transcribe(self, audio, word_timestamps=False, keep_going=None, beam_size=None, final=False, pad_s=None):
         kind = "final" if final else "partial"
         self.beams.append((kind, self.options.beam_size if beam_size is None else beam_size))
+        self.pads.append(pad_s)
         return "hello there", ()
 
 
@@ -72,3 +74,16 @@ def test_the_unsure_final_recheck_is_on_by_default_and_one_flag_turns_it_off():
     args = parser.parse_args(["--asr-recheck", "never"])
     opts = recognizer_options(ModelChoice(asr_recheck=args.asr_recheck == "unsure"))["options"]
     assert opts.unsure_logprob is None and opts.final_beam_size == WhisperOptions().final_beam_size
+
+
+def test_a_final_pads_its_window_by_the_finals_padding_and_a_partial_by_its_own():
+    def pads(options: WhisperOptions) -> list[float | None]:
+        rec = RecordingRecognizer(options)
+        dec = rec.open_decoder()
+        dec.push(np.zeros(16000, np.float32))
+        dec.partial(force=True)
+        dec.decode()
+        return rec.pads
+
+    assert pads(WhisperOptions(final_window_pad_s=20.0)) == [None, 20.0]  # None: window_pad_s
+    assert pads(WhisperOptions()) == [None, None]  # by default a final pads as a partial does

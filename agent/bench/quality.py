@@ -159,9 +159,9 @@ ALTERNATIVES = {  # name -> WhisperOptions changes from the default
     "greedy": {"final_beam_size": 1},
     "beam5": {"final_beam_size": 5},
     "beam3": {"final_beam_size": 3},
-    "beam5-pad15": {"final_beam_size": 5, "window_pad_s": 15.0},
+    "pad20": {"final_window_pad_s": 20.0},  # more dev words right, every turn slower
     "no-recheck": {"unsure_logprob": None},  # `--asr-recheck never`
-    "full-window": {"window_pad_s": 30.0},  # every final on the 30 s window
+    "full-window": {"final_window_pad_s": 30.0},  # every final on the 30 s window
 }
 
 
