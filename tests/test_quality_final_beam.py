@@ -21,25 +21,26 @@ class RecordingRecognizer(WhisperRecognizer):
         return "hello there", ()
 
 
-def decode_one(options: WhisperOptions) -> list[tuple[str, int]]:
+def decode_one(options: WhisperOptions) -> RecordingRecognizer:
+    """A partial, then the final, of one utterance: the recognizer says what each asked for."""
     rec = RecordingRecognizer(options)
     dec = rec.open_decoder()
     dec.push(np.zeros(32000, np.float32))
     dec.partial(force=True)
     dec.finalize()
-    return rec.beams
+    return rec
 
 
 def test_by_default_the_final_searches_a_beam_of_five_and_partials_are_greedy():
-    assert decode_one(WhisperOptions()) == [("partial", 1), ("final", 5)]
+    assert decode_one(WhisperOptions()).beams == [("partial", 1), ("final", 5)]
 
 
 def test_a_final_beam_of_one_is_the_greedy_final():
-    assert decode_one(WhisperOptions(final_beam_size=1)) == [("partial", 1), ("final", 1)]
+    assert decode_one(WhisperOptions(final_beam_size=1)).beams == [("partial", 1), ("final", 1)]
 
 
 def test_without_a_final_beam_the_final_takes_the_partials_beam():
-    assert decode_one(WhisperOptions(beam_size=3, final_beam_size=None)) == [("partial", 3), ("final", 3)]
+    assert decode_one(WhisperOptions(beam_size=3, final_beam_size=None)).beams == [("partial", 3), ("final", 3)]
 
 
 def test_the_asr_beam_flag_sets_the_final_beam_only():
@@ -77,13 +78,5 @@ def test_the_unsure_final_recheck_is_on_by_default_and_one_flag_turns_it_off():
 
 
 def test_a_final_pads_its_window_by_the_finals_padding_and_a_partial_by_its_own():
-    def pads(options: WhisperOptions) -> list[float | None]:
-        rec = RecordingRecognizer(options)
-        dec = rec.open_decoder()
-        dec.push(np.zeros(16000, np.float32))
-        dec.partial(force=True)
-        dec.decode()
-        return rec.pads
-
-    assert pads(WhisperOptions(final_window_pad_s=20.0)) == [None, 20.0]  # None: window_pad_s
-    assert pads(WhisperOptions()) == [None, None]  # by default a final pads as a partial does
+    assert decode_one(WhisperOptions(final_window_pad_s=20.0)).pads == [None, 20.0]  # None: window_pad_s
+    assert decode_one(WhisperOptions()).pads == [None, None]  # by default a final pads as a partial does
