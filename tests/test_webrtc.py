@@ -24,6 +24,7 @@ from helpers import await_until, flite_available, say, silence
 from test_serving import doubles, get, serving
 from webrtc_peer import connect, post
 
+from transport.web.client import LEVEL_STEP_S, levels_db
 from transport.webrtc.ice import host_addresses, selected_pairs
 from transport.webrtc.jitter import AudioJitterBuffer, use_low_latency_audio
 from transport.webrtc.track import FRAME, ReplyAudioTrack
@@ -249,16 +250,15 @@ async def test_the_reply_track_hands_the_sender_opus_packets_encoded_off_the_loo
 
 
 def without_long_silences(pcm: np.ndarray, rate: int, keep_s: float = 0.3) -> np.ndarray:
-    """`pcm` with every run of silent 10 ms frames (50 dB below its loudest) cut to `keep_s`."""
-    step = rate // 100
-    frames = pcm[:pcm.size // step * step].reshape(-1, step)
-    rms = np.sqrt(np.mean(frames.astype(np.float64) ** 2, axis=1))
-    silent = rms < rms.max() * 10 ** (-50 / 20)
+    """`pcm` (float) with every run of silent 10 ms steps (50 dB below its loudest) cut to `keep_s`."""
+    step = round(LEVEL_STEP_S * rate)
+    levels = levels_db(pcm * 32768.0, rate)
+    loudest = max(levels, default=0.0)
     kept, run = [], 0
-    for frame, quiet in zip(frames, silent):
-        run = run + 1 if quiet else 0
-        if run <= keep_s * 100:
-            kept.append(frame)
+    for i, level in enumerate(levels):
+        run = run + 1 if level < loudest - 50.0 else 0
+        if run * LEVEL_STEP_S <= keep_s + 1e-9:
+            kept.append(pcm[i * step:(i + 1) * step])
     return np.concatenate(kept) if kept else pcm[:0]
 
 
