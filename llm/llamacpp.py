@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from llm.base import Message, ReadAheadStop
 from llm.bridge import iterate_in_thread
-from llm.no_repeat import ECHO_NGRAM, NGRAM, NoRepeat, earlier_replies, logits_processor, spellings, user_turn
+from llm.no_repeat import NGRAM, NoRepeat, earlier_replies
 from llm.tool_format import ToolCallText, template_messages
 from llm.tool_results import for_size
 
@@ -130,10 +130,9 @@ def release_sampler(llama) -> None:
 class LlamaCppChat:
     def __init__(self, model_path: str, n_ctx: int = 2048, n_threads: int | None = None,
                  temperature: float = 0.2, max_tokens: int = 96, seed: int = 0, name: str | None = None,
-                 no_repeat: int = NGRAM, no_echo: int = ECHO_NGRAM):
+                 no_repeat: int = NGRAM):
         self.name = name or os.path.basename(model_path)
         self.no_repeat = no_repeat  # tokens in a row a reply may not copy from an earlier one (0: off)
-        self.no_echo = no_echo  # tokens in a row a reply may not copy from the user's turn (0: off)
         self.max_tokens = max_tokens
         self.temperature = temperature
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
@@ -151,7 +150,7 @@ class LlamaCppChat:
         with self._lock:
             if stop.is_set():
                 return
-            sampling = {"temperature": self.temperature, "logits_processor": self._no_repeat(messages, tools)}
+            sampling = {"temperature": self.temperature, "logits_processor": self._no_repeat(messages)}
             if prefix:  # the answer so far, to go on from: the templated prompt, then its words
                 form = self._formatter(messages=template_messages(messages), **({"tools": tools} if tools else {}))
                 chunks = self._llm.create_completion(
@@ -177,21 +176,15 @@ class LlamaCppChat:
                 chunks.close()
                 release_sampler(self._llm)
 
-    def _no_repeat(self, messages: list[Message], tools: list[dict] | None):
-        """A logits processor that keeps the reply from copying an earlier one or the user's turn
-        (llm/no_repeat.py). With tools offered the user's words are free: a call's arguments
-        quote them."""
-        tokenize = lambda text: self._llm.tokenize(text.encode("utf-8"), add_bos=False)  # noqa: E731
-        rules = []
-        if self.no_repeat and (replies := earlier_replies(messages)):
-            rules.append(NoRepeat([tokenize(text) for text in replies], self.no_repeat))
-        if self.no_echo and not tools and (heard := user_turn(messages)):
-            rules.append(NoRepeat([tokenize(text) for text in spellings(heard)], self.no_echo))
-        if not rules:
+    def _no_repeat(self, messages: list[Message]):
+        """A logits processor that keeps the reply from copying an earlier one (llm/no_repeat.py)."""
+        replies = earlier_replies(messages) if self.no_repeat else []
+        if not replies:
             return None
         import llama_cpp
 
-        return llama_cpp.LogitsProcessorList([logits_processor(rules)])
+        tokenized = [self._llm.tokenize(text.encode("utf-8"), add_bos=False) for text in replies]
+        return llama_cpp.LogitsProcessorList([NoRepeat(tokenized, self.no_repeat).logits_processor()])
 
     def warm(self, messages: list[Message], stop: ReadAheadStop | None = None, tools: list[dict] | None = None) -> None:
         self._thread.submit(self._warm, list(messages), stop, tools).result()

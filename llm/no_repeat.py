@@ -1,16 +1,10 @@
-"""Keep a reply from copying the bot's earlier replies, or saying the user's turn back.
+"""Keep a reply from copying the bot's earlier replies.
 
 A small model in a long conversation copies its own earlier answers word for word ("That's a
 good idea! ..." turn after turn): each copy in the context makes the next one likelier. A
 repetition penalty reaches only the last few dozen tokens, the user's turn; this looks at every
 earlier assistant message of the prompt instead and forbids the token that would make the reply
 repeat `n` tokens in a row of any of them. Shorter runs (a greeting's "Sure", "I think") stay free.
-
-The same rule, with a shorter run, keeps a small model from saying the user's statement back
-("Turn left at the next corner." -> "You can turn left at the next corner."): the reply may not
-copy `ECHO_NGRAM` tokens in a row of the user's latest turn, in its own case or with its first
-letter lowered, at a sentence's start or inside one. A short answer may still name the user's
-words ("Paris is the capital of France." after "What is the capital of France?").
 """
 from __future__ import annotations
 
@@ -19,7 +13,6 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 NGRAM = 6  # tokens in a row that may not be copied from an earlier reply
-ECHO_NGRAM = 4  # tokens in a row that may not be copied from the user's latest turn
 
 
 class NoRepeat:
@@ -40,39 +33,16 @@ class NoRepeat:
 
     def logits_processor(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
         """llama-cpp-python's `logits_processor` form: (input ids, scores) -> scores."""
-        return logits_processor([self])
-
-
-def logits_processor(rules: list[NoRepeat]) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    """One llama-cpp-python logits processor that rules out what any of `rules` bans."""
-    def process(input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        for rule in rules:
-            banned = rule.banned(input_ids)
+        def process(input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+            banned = self.banned(input_ids)
             if banned:
                 scores[list(banned)] = -np.inf
-        return scores
+            return scores
 
-    return process
+        return process
 
 
 def earlier_replies(messages: list[dict]) -> list[str]:
     """The text of every assistant message in a prompt."""
     return [m["content"] for m in messages if m.get("role") == "assistant" and isinstance(m.get("content"), str)
             and m["content"]]
-
-
-def user_turn(messages: list[dict]) -> str | None:
-    """The user's latest turn in a prompt, when the reply to it is what comes next (not after a
-    tool's result, whose answer may quote the user's words)."""
-    last = messages[-1] if messages else None
-    if last is None or last.get("role") != "user" or not isinstance(last.get("content"), str):
-        return None
-    return last["content"] or None
-
-
-def spellings(text: str) -> list[str]:
-    """The ways a reply's tokens may spell `text`'s words: after a space or at the start, in its
-    own case or with its first letter lowered (a sentence's first word inside a reply)."""
-    text = text.strip()
-    forms = {text, text[:1].lower() + text[1:]}
-    return [f for form in sorted(forms) for f in (form, " " + form)]

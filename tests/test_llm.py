@@ -143,42 +143,15 @@ async def test_a_reply_does_not_copy_an_earlier_reply(model):
         fresh = "".join([t async for t in model.stream(messages, max_tokens=24)])
     finally:
         model.temperature = temperature
-    assert longest_copy(model, copied, earlier) >= NGRAM, copied  # the model copies without the rule
-    assert longest_copy(model, fresh, earlier) < NGRAM, fresh
+    def longest_copy(text: str) -> int:
+        """The longest run of tokens `text` shares with the earlier answer."""
+        from difflib import SequenceMatcher
 
+        a, b = (model._llm.tokenize(t.strip().encode(), add_bos=False) for t in (text, earlier))
+        return SequenceMatcher(None, a, b, autojunk=False).find_longest_match(0, len(a), 0, len(b)).size
 
-def longest_copy(model, text: str, source: str) -> int:
-    """The longest run of tokens `text` shares with `source`."""
-    from difflib import SequenceMatcher
-
-    a, b = (model._llm.tokenize(t.strip().encode(), add_bos=False) for t in (text, source))
-    return SequenceMatcher(None, a, b, autojunk=False).find_longest_match(0, len(a), 0, len(b)).size
-
-
-async def test_a_reply_does_not_say_the_users_statement_back(model):
-    # told a statement, a small model greedy says it back word for word; with the user's runs
-    # ruled out it says something of its own (a word or three of the user's may stay)
-    from llm.no_repeat import ECHO_NGRAM
-
-    statement = "The coffee here is too bitter."
-    messages = [SYSTEM, {"role": "user", "content": statement}]
-    temperature, model.temperature = model.temperature, 0.0
-    try:
-        model.no_echo = 0
-        echoed = "".join([t async for t in model.stream(messages, max_tokens=24)])
-        model.no_echo = ECHO_NGRAM
-        own = "".join([t async for t in model.stream(messages, max_tokens=24)])
-    finally:
-        model.temperature = temperature
-    assert longest_copy(model, echoed, statement) >= ECHO_NGRAM, echoed  # the model echoes without the rule
-    assert longest_copy(model, own, statement) < ECHO_NGRAM, own
-
-
-async def test_with_tools_offered_a_reply_may_quote_the_user(model):
-    # a tool call's arguments quote the user's words: no echo rule then
-    assert model._no_repeat([SYSTEM, {"role": "user", "content": "Note that the coffee is bitter."}],
-                            tools=[{"type": "function", "function": {"name": "note"}}]) is None
-    assert model._no_repeat([SYSTEM, {"role": "user", "content": "Note that the coffee is bitter."}], tools=None)
+    assert longest_copy(copied) >= NGRAM, copied  # the model copies without the rule
+    assert longest_copy(fresh) < NGRAM, fresh
 
 
 def test_read_ahead_pieces_start_after_the_cached_prefix():

@@ -29,30 +29,3 @@ def test_the_earlier_replies_are_the_assistants_texts():
                 {"role": "assistant", "content": "Hello there!"},
                 {"role": "assistant", "content": None, "tool_calls": []}, {"role": "user", "content": "Bye"}]
     assert earlier_replies(messages) == ["Hello there!"]
-
-
-def test_the_users_turn_is_the_last_message_and_none_after_a_tool_result():
-    from llm.no_repeat import user_turn
-
-    assert user_turn([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Turn left."}]) \
-        == "Turn left."
-    assert user_turn([{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None},
-                      {"role": "tool", "content": "sunny"}]) is None
-    assert user_turn([{"role": "user", "content": ""}]) is None and user_turn([]) is None
-
-
-def test_the_users_words_are_banned_as_a_reply_would_spell_them():
-    # a reply says the user's first word inside a sentence, lower-cased, after a space
-    from llm.no_repeat import spellings
-
-    assert set(spellings(" Turn left at the corner.")) == {
-        "Turn left at the corner.", " Turn left at the corner.", "turn left at the corner.", " turn left at the corner."}
-    assert spellings("ok") == ["ok", " ok"]
-
-
-def test_rules_together_ban_what_either_bans():
-    from llm.no_repeat import logits_processor
-
-    process = logits_processor([NoRepeat([[1, 2, 3, 4]], n=4), NoRepeat([[2, 3, 5]], n=3)])
-    scores = process(np.array([1, 2, 3]), np.zeros(10, np.float32))
-    assert np.isinf(scores[[4, 5]]).all() and np.isfinite(np.delete(scores, [4, 5])).all()

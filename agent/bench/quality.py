@@ -165,11 +165,6 @@ ALTERNATIVES = {  # name -> WhisperOptions changes from the default
 }
 
 
-REPLY_ALTERNATIVES = {  # name -> chat-model attributes changed from the default, for --session
-    "echo-allowed": {"no_echo": 0},  # a reply may copy the user's turn (llm/no_repeat.py)
-}
-
-
 def duplex_decode(recognizer):
     def decode(audio: np.ndarray) -> str:
         dec = recognizer.open_decoder()
@@ -261,8 +256,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"comma-separated recognizer settings measured beside the default: {', '.join(ALTERNATIVES)}")
     p.add_argument("--no-reference", action="store_true", help="skip faster-whisper's own defaults")
     p.add_argument("--session", default="default",
-                   help="comma-separated settings replayed as conversations (default, the recognizer "
-                        f"alternatives, or {', '.join(REPLY_ALTERNATIVES)}); '' for none")
+                   help="comma-separated settings replayed as conversations (default, or alternatives); '' for none")
     p.add_argument("--rounds", type=int, default=1, help="conversation runs of each --session setting, interleaved")
     p.add_argument("--llm", default=bundled.DEFAULT, help=f"{bundled.names_help()} | path.gguf")
     p.add_argument("--tts", default="piper")
@@ -274,11 +268,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.alternatives = [a.strip() for a in args.alternatives.split(",") if a.strip()]
     args.session = [a.strip() for a in args.session.split(",") if a.strip()]
-    unknown = [a for a in args.alternatives if a not in ALTERNATIVES]
-    unknown += [a for a in args.session if a != "default" and a not in ALTERNATIVES and a not in REPLY_ALTERNATIVES]
+    unknown = [a for a in args.alternatives + args.session if a != "default" and a not in ALTERNATIVES]
     if unknown:
-        p.error(f"unknown settings {unknown}: use {', '.join(ALTERNATIVES)} (or for --session "
-                f"{', '.join(REPLY_ALTERNATIVES)})")
+        p.error(f"unknown settings {unknown}: use {', '.join(ALTERNATIVES)}")
     return args
 
 
@@ -331,25 +323,16 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
             for rnd in range(args.rounds):
                 for name in args.session:
-                    opts = whisper_options(**ALTERNATIVES[name]) if name in ALTERNATIVES else whisper.options
+                    opts = whisper.options if name == "default" else whisper_options(**ALTERNATIVES[name])
                     if opts is None:
                         continue
                     from asr.whisper import WhisperRecognizer
 
-                    changes = REPLY_ALTERNATIVES.get(name, {})
-                    if not all(hasattr(models.llm, k) for k in changes):
-                        print(f"  ({name}: not an option of {models.llm.name}: skipped)", file=sys.stderr)
-                        continue
                     asr = StreamingWhisper(WhisperRecognizer(whisper.model, opts, name=name))
-                    kept = {k: getattr(models.llm, k) for k in changes}
                     try:
-                        for k, v in changes.items():
-                            setattr(models.llm, k, v)
                         res = asyncio.run(run_mode(dataclasses.replace(models, asr=asr), script, "concurrent",
                                                    run_args, Path(tmp) / f"bot-{name}-{rnd}.wav"))
                     finally:
-                        for k, v in kept.items():
-                            setattr(models.llm, k, v)
                         asr.close()
                     conv.setdefault(name, []).append(conversation_figures(res, in_turn(spoken)))
         print("\nconversations (concurrent mode): key words heard in the live finals; replies that echo "
