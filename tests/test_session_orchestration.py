@@ -171,7 +171,7 @@ async def test_the_greeting_is_spoken_first_and_kept_in_the_context(tmp_path):
     assert greeting.user_text == "" and greeting.reply_text == "Hello, how can I help?"
     assert events(wav, "audio")[0]["text"] in "Hello, how can I help?"
     assert session.history[0] == {"role": "assistant", "content": "Hello, how can I help?"}
-    assert llm.requests[0][1] == {"role": "assistant", "content": "Hello, how can I help?"}
+    assert llm.requests[0][-2] == {"role": "assistant", "content": "Hello, how can I help?"}
     assert answer.reply_text == "Paris."
 
 

@@ -130,7 +130,7 @@ async def one_request(models, pcm: np.ndarray, speech_end_s: float, work: Path, 
 
 async def run_model(models, script: list[tuple[Request, str, np.ndarray, float]], work: Path) -> list[dict]:
     agent = bench_agent()
-    plain = Agent(instructions=agent.instructions, greeting=agent.greeting)  # what chit-chat costs without tools
+    plain = Agent(instructions=agent.instructions, examples=agent.examples, greeting=agent.greeting)  # what chit-chat costs without tools
     rows = []
     for i, (request, voice, pcm, end) in enumerate(script):
         row = await one_request(models, pcm, end, work, f"r{i}", agent)

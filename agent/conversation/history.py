@@ -59,8 +59,9 @@ class History:
     on_new_prefix: Callable[[], None] | None = None
     waiting: list[asyncio.Task] = field(default_factory=list)  # tools whose results are still to come
 
-    def prompt(self, system: str, user_text: str | None) -> list[Message]:
-        out: list[Message] = [{"role": "system", "content": system}, *self.messages]
+    def prompt(self, system: str, user_text: str | None, examples: list[Message] = ()) -> list[Message]:
+        """The system prompt, the agent's example turns, the conversation, the user's words."""
+        out: list[Message] = [{"role": "system", "content": system}, *examples, *self.messages]
         if user_text is not None:
             out.append({"role": "user", "content": user_text})
         return out
@@ -103,9 +104,9 @@ class History:
             await asyncio.wait(self.waiting)
             self.waiting = []
 
-    async def settled_prompt(self, system: str, user_text: str | None) -> list[Message]:
+    async def settled_prompt(self, system: str, user_text: str | None, examples: list[Message] = ()) -> list[Message]:
         await self.settle()
-        return self.prompt(system, user_text)
+        return self.prompt(system, user_text, examples)
 
 
 def _fill(message: Message, task: asyncio.Task) -> None:

@@ -316,7 +316,8 @@ class Session:
     # ---- replies ----------------------------------------------------------------------------------
     def _new_reply(self, turn: UserTurn, user_text: str | None, instructions: str | None = None, **kw) -> Reply:
         system = f"{self.agent.instructions}\n{instructions}" if instructions else self.agent.instructions
-        messages = self._history.prompt(system, user_text)
+        examples = self.agent.example_messages()
+        messages = self._history.prompt(system, user_text, examples)
         tools = None
         if self.tools and kw.get("fixed_text") is None:
             tools = ReplyTools(self.tools, self.agent.tool_policy, self.tracer, turn.index, self.events.emit,
@@ -324,7 +325,7 @@ class Session:
         return Reply(turn, messages, llm=self.models.llm, tts=self.models.tts, transport=self.transport,
                      config=self.config.reply(), tracer=self.tracer, new_chunk_id=self._chunk_ids.__next__,
                      hooks=weakref.proxy(self), tools=tools,
-                     context=functools.partial(self._history.settled_prompt, system, user_text), **kw)
+                     context=functools.partial(self._history.settled_prompt, system, user_text, examples), **kw)
 
     async def _greet(self) -> None:
         """Speak the greeting as a reply of its own: a turn with no user words."""
@@ -417,7 +418,7 @@ class Session:
         warm = getattr(self.models.llm, "warm", None)
         if warm is None or self._ended or (self._warm_task is not None and not self._warm_task.done()):
             return
-        messages = self._history.prompt(self.agent.instructions, user_so_far)
+        messages = self._history.prompt(self.agent.instructions, user_so_far, self.agent.example_messages())
         if self.tools:  # the prompt as the reply will give it (llm/tool_results.py)
             messages = style_for(self.agent.tool_policy.results, self.models.llm).prepare(messages)
         self._warm_stop = stop = ReadAheadStop()

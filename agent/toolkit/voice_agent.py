@@ -20,33 +20,45 @@ from typing import Any
 from agent.toolkit.tools import FunctionTool, ToolPolicy, build_tool
 
 # A small model says a statement back ("The meeting got moved to Friday." -> "The meeting was
-# moved to Friday.") unless it is told what to do with one and shown how; two examples in the
-# chat's own turn layout do most of it (docs/quality.md, `duplex bench quality`).
+# moved to Friday.") unless it is told what to do with one and shown how. The examples go in as
+# turns of the conversation before the user's first: shown as lines of the instructions, they
+# were restated ("The capital of Japan is Tokyo.") and their tip copied into unrelated replies
+# (docs/quality.md, `duplex bench quality`); as turns, the no-repeat rule keeps them uncopied.
 DEFAULT_INSTRUCTIONS = (
     "You are a friendly voice assistant in a spoken conversation. If the user asks something, "
     "answer it. If the user tells you something, react like a friend would: give your opinion, a "
     "tip, or ask a short question about it. Never say the user's sentence back. Reply in one or "
-    "two short, plain English sentences.\n\n"
-    "For example:\n"
-    "User: I lost my keys again.\n"
-    "Assistant: That's annoying! Try the last place you sat down.\n"
-    "User: Who painted the Mona Lisa?\n"
-    "Assistant: Leonardo da Vinci.")
+    "two short, plain English sentences.")
+DEFAULT_EXAMPLES = (  # (user, assistant): a statement reacted to, a question answered
+    ("I lost my keys again.", "That's annoying! Try the last place you sat down."),
+    ("Who painted the Mona Lisa?", "Leonardo da Vinci."),
+)
 
 
 @dataclass
 class Agent:
     instructions: str = DEFAULT_INSTRUCTIONS
+    # example exchanges shown to the model before the conversation; the default ones go only
+    # with the default instructions (an agent of its own shows its own, or none)
+    examples: Sequence[tuple[str, str]] | None = None
     tools: Sequence[FunctionTool | Any] = ()  # FunctionTools; plain functions are made into tools
     greeting: str | None = None  # said as soon as the caller's audio arrives
     mcp_servers: Sequence[Any] = ()  # agent.toolkit.mcp_tools.MCPServer: their tools join `tools`
     tool_policy: ToolPolicy = field(default_factory=ToolPolicy)
 
     def __post_init__(self) -> None:
+        if self.examples is None:
+            self.examples = DEFAULT_EXAMPLES if self.instructions == DEFAULT_INSTRUCTIONS else ()
+        self.examples = tuple((str(user), str(reply)) for user, reply in self.examples)
         self.tools = tuple(t if isinstance(t, FunctionTool) else build_tool(t) for t in self.tools)
         names = [t.name for t in self.tools]
         if len(set(names)) != len(names):
             raise ValueError(f"two tools share a name: {names}")
+
+    def example_messages(self) -> list[dict]:
+        """The examples as the chat's turns, after the instructions and before the conversation."""
+        return [{"role": role, "content": text} for pair in self.examples
+                for role, text in zip(("user", "assistant"), pair)]
 
     # ---- hooks (override in a subclass) ----------------------------------------------------------
     async def on_enter(self, session) -> None:
