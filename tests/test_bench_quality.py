@@ -39,3 +39,13 @@ def test_the_conversation_hears_each_sentence_once_in_the_voices_in_turn():
     script = in_turn(clips)
     assert [c.text for c in script] == [text for text, _, _ in SPOKEN]
     assert [c.name.split(":")[1] for c in script[:len(VOICES)]] == VOICES
+
+
+def test_most_of_the_words_is_more_than_half_and_a_restated_question_with_its_answer_is_not_mostly_an_echo():
+    from agent.bench.quality import echo_share, mostly_echoes
+
+    restated = ("Who wrote Romeo and Juliet?", "Romeo and Juliet were written by Shakespeare.")
+    assert echo_share(*restated) == 0.5 and echoes(*restated) and not mostly_echoes(*restated)
+    assert mostly_echoes("Turn left at the next corner.", "Turn left at the next corner.")
+    assert mostly_echoes("It is raining again.", "It's raining again.")
+    assert not mostly_echoes("Go forward 10 meters.", "") and echo_share("Go forward 10 meters.", "") == 0.0

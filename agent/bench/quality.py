@@ -19,7 +19,9 @@ dropped, a plural or -ing/-ed ending cut) are words of the user's turn as heard.
 young man." after "He was not an old-sposed young man." echoes (2 of 2); "The sky is blue
 because air scatters blue light more." after "Why is the sky blue?" does not (2 of 6). A short
 answer that restates a question ("The capital of France is Paris.") counts as an echo too, so
-the set asks questions whose answers need new words.
+the set asks questions whose answers need new words. The bench also counts, as `(most)`, the
+replies of which more than half of the content words are the user's (the issue's wording, "most
+of the reply's words"): a restated question with its answer is none of those.
 """
 from __future__ import annotations
 
@@ -89,10 +91,21 @@ def content_words(text: str) -> list[str]:
     return out
 
 
-def echoes(user: str, reply: str) -> bool:
-    """Whether `reply` mostly says the user's own words back (module docstring)."""
+def echo_share(user: str, reply: str) -> float:
+    """The share of `reply`'s content words that are words of the user's turn (0 for no words)."""
     said, words = set(content_words(user)), content_words(reply)
-    return bool(words) and sum(w in said for w in words) * 2 >= len(words)
+    return sum(w in said for w in words) / len(words) if words else 0.0
+
+
+def echoes(user: str, reply: str) -> bool:
+    """Whether `reply` says the user's own words back: at least half of its content words."""
+    return echo_share(user, reply) >= 0.5
+
+
+def mostly_echoes(user: str, reply: str) -> bool:
+    """The issue's wording, "most of the reply's words in the user's turn": more than half. A
+    restated question with its answer ("Romeo and Juliet were written by Shakespeare.") is not."""
+    return echo_share(user, reply) > 0.5
 
 
 def key_heard(key: str, heard: str) -> bool:
@@ -239,6 +252,7 @@ def conversation_figures(res: dict, clips: list[Clip]) -> dict:
     return {"keywords_heard": heard, "keywords_of": len(clips), "replies": len(replies),
             "echoes": len(echoed), "echo_share": round(len(echoed) / len(replies), 3) if replies else None,
             "echoed": echoed,
+            "mostly_echoes": sum(bool(r.get("reply")) and mostly_echoes(r.get("heard", ""), r["reply"]) for r in rows),
             "voice_to_voice_p50_ms": res["voice_to_voice_p50_ms"], "voice_to_voice_p90_ms": res["voice_to_voice_p90_ms"],
             "stages_mean_ms": res["stages_mean_ms"], "loop_lag": res["loop_lag"],
             "repeated_replies": sum(r.get("reply") in [x.get("reply") for x in rows[:i]]
@@ -336,12 +350,14 @@ def main(argv: list[str] | None = None) -> int:
                         asr.close()
                     conv.setdefault(name, []).append(conversation_figures(res, in_turn(spoken)))
         print("\nconversations (concurrent mode): key words heard in the live finals; replies that echo "
-              "the user; replies word for word an earlier one's; voice-to-voice (first bot audio - exact end of speech)")
-        print(f"{'setting':<20} {'round':>5} {'keywords':>8} {'echoes':>8} {'repeats':>7} {'v2v p50':>8} {'p90':>6}")
+              "the user (at least half of their content words the user's; more than half: most); replies word for "
+              "word an earlier one's; voice-to-voice (first bot audio - exact end of speech)")
+        print(f"{'setting':<20} {'round':>5} {'keywords':>8} {'echoes':>8} {'(most)':>6} {'repeats':>7} {'v2v p50':>8} "
+              f"{'p90':>6}")
         for name, runs in conv.items():
             for rnd, f in enumerate(runs):
                 print(f"{name:<20} {rnd + 1:>5} {f['keywords_heard']:>4}/{f['keywords_of']:<3} "
-                      f"{f['echoes']:>3}/{f['replies']:<4} {f['repeated_replies']:>7} {f['voice_to_voice_p50_ms'] or 0:>8.0f} "
+                      f"{f['echoes']:>3}/{f['replies']:<4} {f['mostly_echoes']:>6} {f['repeated_replies']:>7} {f['voice_to_voice_p50_ms'] or 0:>8.0f} "
                       f"{f['voice_to_voice_p90_ms'] or 0:>6.0f}")
                 if args.verbose:
                     for t in f["turns"]:
