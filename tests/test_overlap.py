@@ -89,3 +89,25 @@ def test_side_talk_over_the_bot_lets_it_go_on_and_is_no_turn_but_its_own_name_cu
     d = speaking(RESPONSIVE)  # the style that stops for anything answers it
     d.frames("#" * 60 + "." * 8, level=0.3).eou(0.9)
     assert d.m.on_final(d.t, "Honey, can you grab my keys from the table?") == [CancelReply(d.t)]
+
+
+def test_a_partial_that_opens_by_calling_someone_waits_for_the_punctuated_words():
+    # Whisper's partials come without the comma: "Babe did you lock" cut the reply before the
+    # final, "Babe, did you lock the back door?", could tell it was side talk
+    from agent.conversation.addressing import may_call_someone
+
+    assert may_call_someone("Babe did you lock") and may_call_someone("hey Tom please feed")
+    assert not may_call_someone("Tom hold on a") and not may_call_someone("what is the")
+    assert not may_call_someone("Ava did you", own_names=("ava",))
+    d = speaking(BALANCED)
+    d.frames("#" * 20, level=0.3)
+    assert d.m.on_words(d.t, "Babe did you lock") == []  # no cut on the partial
+    d.frames("#" * 20 + "." * 8, level=0.3).eou(0.9)
+    out = d.m.on_final(d.t, "Babe, did you lock the back door?")
+    assert [type(c) for c in out] == [DiscardTranscript, ResumeReply] and d.m.state == B
+    d = speaking(BALANCED)  # words for the bot still cut on the partial
+    d.frames("#" * 20, level=0.3)
+    assert d.m.on_words(d.t, "what is the capital") == [CancelReply(d.t)]
+    d = speaking(RESPONSIVE)  # the style that stops for anything cuts on the partial
+    d.frames("#" * 20, level=0.3)
+    assert d.m.on_words(d.t, "Babe did you lock") == [CancelReply(d.t)]

@@ -9,6 +9,8 @@ would talk on over a user who asked it to stop.
   Whisper capitalises the first word of any sentence, so a capital letter alone is no name.
 - Words that ask the bot to stop or wait (`HOLD_WORDS`) anywhere in the utterance make it
   the bot's, whoever it opens by calling.
+- A partial's words come without the comma ("Babe did you lock"): words that open with a role
+  or a name (`may_call_someone`) wait for the decode that punctuates them before they cut.
 """
 from __future__ import annotations
 
@@ -44,6 +46,21 @@ HOLD_WORDS = re.compile(r"\b(?:stop|wait|hold on|hang on|pause|quiet|enough|shut
 _GREETINGS = ("hey", "hi", "oh", "hello", "okay", "ok")
 
 
+def _calls(word: str, own_names: tuple[str, ...]) -> bool:
+    return word not in own_names and (word in VOCATIVES or word in FIRST_NAMES)
+
+
+def may_call_someone(text: str, own_names: tuple[str, ...] = ()) -> bool:
+    """Unpunctuated words (a partial's) that open with a role or a name other than the bot's,
+    after a greeting or not, and ask nothing to stop: side talk, perhaps, once punctuated."""
+    if HOLD_WORDS.search(text):
+        return False
+    words = [re.sub(r"[^\w']", "", w).lower() for w in text.split()]
+    if words and words[0] in _GREETINGS:
+        words = words[1:]
+    return bool(words) and _calls(words[0], own_names)
+
+
 def addressed_elsewhere(text: str, own_names: tuple[str, ...] = ()) -> bool:
     """The utterance opens by calling someone other than the bot ("Honey, can you ...", "Tom,
     please ...", "Hey Jenny, ...") and does not ask it to stop or wait (module docstring);
@@ -56,6 +73,4 @@ def addressed_elsewhere(text: str, own_names: tuple[str, ...] = ()) -> bool:
         return False
     if len(words) == 2 and words[0] in _GREETINGS:
         words = words[1:]
-    if len(words) != 1 or words[0] in own_names:
-        return False
-    return words[0] in VOCATIVES or words[0] in FIRST_NAMES
+    return len(words) == 1 and _calls(words[0], own_names)

@@ -128,7 +128,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import NamedTuple
 
-from agent.conversation.addressing import addressed_elsewhere
+from agent.conversation.addressing import addressed_elsewhere, may_call_someone
 from agent.conversation.endpointing import CombinedPolicy, EndOfTurnPolicy, Features
 
 
@@ -401,8 +401,9 @@ class TurnMachine:
         interruption real."""
         c = self.config
         if (self._interrupted_at is None or interrupting_words(text, c.backchannels) < c.partial_words_to_interrupt
-                or self._below_the_user(self._peak_level) or self._side_talk(text)):
-            return []  # a too quiet one waits for its final
+                or self._below_the_user(self._peak_level) or self._side_talk(text)
+                or (c.side_talk and may_call_someone(text, c.own_names))):
+            return []  # a too quiet one, or one that may call someone else, waits for its final
         return self._confirm_interruption(t)
 
     def on_early_words(self, t: float, text: str, t_speech_end: float) -> list[Command]:
