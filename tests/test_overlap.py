@@ -4,7 +4,7 @@ import pytest
 from test_turns import B, I, T, Driver
 
 from agent.conversation.overlap import BALANCED, DEFAULT_STYLE, FLOOR_HOLDING, RESPONSIVE, STYLES
-from agent.conversation.addressing import addressed_elsewhere
+from agent.conversation.addressing import addressed_elsewhere, may_call_someone
 from agent.conversation.turns import CancelReply, DiscardTranscript, PauseReply, ResumeReply, TurnConfig
 
 
@@ -64,6 +64,7 @@ def test_side_talk_is_told_by_who_the_words_call():
     for said in ("Honey, can you grab my keys from the table?", "Tom, please feed the dog.", "Hey Jenny, the phone.",
                  "Kids, it's time to brush your teeth."):
         assert addressed_elsewhere(said), said
+        assert may_call_someone(said), said  # a partial of it waits for these words (on_words)
     for said in ("Wait, what is the capital of France?", "Sorry, what animal says moo?", "Hold on, stop.",
                  "Okay, stop.", "Hey, what time is it?", "Can you close the window?", "Stop."):
         assert not addressed_elsewhere(said), said
@@ -94,8 +95,6 @@ def test_side_talk_over_the_bot_lets_it_go_on_and_is_no_turn_but_its_own_name_cu
 def test_a_partial_that_opens_by_calling_someone_waits_for_the_punctuated_words():
     # Whisper's partials come without the comma: "Babe did you lock" cut the reply before the
     # final, "Babe, did you lock the back door?", could tell it was side talk
-    from agent.conversation.addressing import may_call_someone
-
     assert may_call_someone("Babe did you lock") and may_call_someone("hey Tom please feed")
     assert not may_call_someone("Tom hold on a") and not may_call_someone("what is the")
     assert not may_call_someone("Ava did you", own_names=("ava",))

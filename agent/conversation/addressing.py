@@ -50,12 +50,17 @@ def _calls(word: str, own_names: tuple[str, ...]) -> bool:
     return word not in own_names and (word in VOCATIVES or word in FIRST_NAMES)
 
 
+def _words(text: str) -> list[str]:
+    return [re.sub(r"[^\w']", "", w).lower() for w in text.split()]
+
+
 def may_call_someone(text: str, own_names: tuple[str, ...] = ()) -> bool:
     """Unpunctuated words (a partial's) that open with a role or a name other than the bot's,
-    after a greeting or not, and ask nothing to stop: side talk, perhaps, once punctuated."""
+    after a greeting or not, and ask nothing to stop: side talk, perhaps, once punctuated. Every
+    utterance `addressed_elsewhere` is one of these."""
     if HOLD_WORDS.search(text):
         return False
-    words = [re.sub(r"[^\w']", "", w).lower() for w in text.split()]
+    words = _words(text)
     if words and words[0] in _GREETINGS:
         words = words[1:]
     return bool(words) and _calls(words[0], own_names)
@@ -68,7 +73,7 @@ def addressed_elsewhere(text: str, own_names: tuple[str, ...] = ()) -> bool:
     if HOLD_WORDS.search(text):
         return False
     head, comma, _ = text.strip().partition(",")
-    words = [re.sub(r"[^\w']", "", w).lower() for w in head.split()]
+    words = _words(head)
     if not comma or not words:
         return False
     if len(words) == 2 and words[0] in _GREETINGS:

@@ -401,8 +401,7 @@ class TurnMachine:
         interruption real."""
         c = self.config
         if (self._interrupted_at is None or interrupting_words(text, c.backchannels) < c.partial_words_to_interrupt
-                or self._below_the_user(self._peak_level) or self._side_talk(text)
-                or (c.side_talk and may_call_someone(text, c.own_names))):
+                or self._below_the_user(self._peak_level) or (c.side_talk and may_call_someone(text, c.own_names))):
             return []  # a too quiet one, or one that may call someone else, waits for its final
         return self._confirm_interruption(t)
 
