@@ -325,7 +325,7 @@ async def test_words_over_the_bot_cancel_the_paused_reply_and_keep_what_was_hear
     assert heard and first.heard_text == heard and is_word_prefix(heard, LONG, strict=True)
     assert session.history[:2] == [{"role": "user", "content": "tell me a story"},
                                    {"role": "assistant", "content": heard}]
-    assert llm.requests[-1][-1] == {"role": "user", "content": "wait stop"}
+    assert llm.requests[-1][-1] == {"role": "user", "content": "Wait stop."}  # as written for the model
 
 
 async def test_a_backchannel_over_the_bot_resumes_it_and_is_not_answered(tmp_path):

@@ -1,5 +1,5 @@
 """The history, pure: what was heard of a reply, and the context."""
-from agent.conversation.history import Heard, History
+from agent.conversation.history import Heard, History, as_written
 
 
 def story() -> Heard:
@@ -45,7 +45,7 @@ def test_history_cuts_back_to_half_and_never_starts_with_an_answer():
     hist.remember("", "hello")  # a greeting has no user message
     assert hist.messages[-1] == {"role": "assistant", "content": "hello"}
     assert hist.prompt("sys", "q")[0] == {"role": "system", "content": "sys"}
-    assert hist.prompt("sys", "q")[-1] == {"role": "user", "content": "q"}
+    assert hist.prompt("sys", "q")[-1] == {"role": "user", "content": "Q."}
 
 
 def test_a_history_of_the_bot_alone_keeps_its_last_words_when_cut():
@@ -62,3 +62,18 @@ def test_a_history_of_the_bot_alone_keeps_its_last_words_when_cut():
                              {"role": "tool", "tool_call_id": "c1", "content": "ok"},
                              {"role": "assistant", "content": "done"}])  # cut to [result, "done"]
     assert [m["role"] for m in hist.messages] == ["assistant"] and hist.messages[0]["content"] == "done"
+
+
+def test_the_model_reads_the_users_words_written_out_and_the_history_keeps_them_as_heard():
+    """Whisper writes some finals and every partial bare; the model reads each user turn as a
+    sentence, a question when it opens like one, and the history keeps the words as heard."""
+    assert as_written("turn left at the next corner") == "Turn left at the next corner."
+    assert as_written("who wrote romeo and juliet") == "Who wrote romeo and juliet?"
+    assert as_written("i think i'm lost,") == "I think I'm lost."
+    assert as_written("What now?") == "What now?" and as_written("Well...") == "Well..."
+    assert as_written("  ") == ""
+    hist = History()
+    hist.remember("it is raining again", "Take an umbrella!")
+    prompt = hist.prompt("sys", "can you stop")
+    assert [m["content"] for m in prompt] == ["sys", "It is raining again.", "Take an umbrella!", "Can you stop?"]
+    assert hist.messages[0] == {"role": "user", "content": "it is raining again"}

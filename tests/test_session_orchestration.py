@@ -82,7 +82,7 @@ async def test_a_normal_turn_is_answered_and_remembered(tmp_path):
     assert [e["text"] for e in events(wav, "final")] == ["what is the capital of France"]
     assert session.history == [{"role": "user", "content": "what is the capital of France"},
                                {"role": "assistant", "content": "Paris is the capital."}]
-    assert llm.requests[0][-1] == {"role": "user", "content": "what is the capital of France"}
+    assert llm.requests[0][-1] == {"role": "user", "content": "What is the capital of France?"}  # as written
     assert events(wav, "played"), "the reply's audio was played at the far end"
     assert not events(wav, "clear")
 
@@ -110,8 +110,8 @@ async def test_speculation_on_a_mid_sentence_pause_is_cancelled(tmp_path):
     assert rec.user_text == "I'd like to book a table"
     stats = session.speculation_stats
     assert stats["started"] == 2 and stats["cancelled"] == 1 and stats["committed"] == 1
-    assert llm.requests[0][-1]["content"] == "I'd like to book"  # the miss
-    assert llm.requests[-1][-1]["content"] == "I'd like to book a table"
+    assert llm.requests[0][-1]["content"] == "I'd like to book."  # the miss, as written
+    assert llm.requests[-1][-1]["content"] == "I'd like to book a table."
     assert rec.reply_text == "Sure."
 
 
@@ -128,7 +128,7 @@ async def test_barge_in_cuts_the_reply_flushes_the_far_end_and_keeps_what_was_he
     # the next prompt holds what was heard of the story, not the whole story
     prompt = llm.requests[-1]
     assert {"role": "assistant", "content": first.heard_text} in prompt
-    assert prompt[-1] == {"role": "user", "content": "stop please"}
+    assert prompt[-1] == {"role": "user", "content": "Stop please."}
     assert second.reply_text == "Okay, I stop."
     # nothing of the cut reply played after the clear
     clear_t = events(wav, "clear")[0]["t"]
@@ -228,7 +228,7 @@ async def test_the_llm_read_ahead_gives_way_when_the_user_stops_speaking(tmp_pat
                                           llm)
     (rec,) = list(session.records)
     assert rec.reply_text == "Four legs."
-    assert "how many" in llm.warms_stopped
+    assert "How many?" in llm.warms_stopped
     events = tracer.events()
     warm = next(e for e in events if e.name == Ev.WARM_CACHE and (e.args or {}).get("user_words"))
     assert warm.args["stopped"] is True
@@ -246,5 +246,5 @@ async def test_a_warmer_that_takes_no_stop_still_reads_ahead(tmp_path):
                                         ScriptedRecognizer(["how many legs"], guesses={0: ("how many", "how")}), llm)
     (rec,) = list(session.records)
     assert rec.reply_text == "Four legs."
-    assert any(m[-1]["content"] == "how many" for m in llm.warmed)  # the partial was read ahead
+    assert any(m[-1]["content"] == "How many?" for m in llm.warmed)  # the partial was read ahead
     assert not [e for e in tracer.events() if e.name == Ev.WARM_CACHE and (e.args or {}).get("error")]
