@@ -26,15 +26,12 @@ from agent.toolkit.tools import FunctionTool, ToolPolicy, build_tool
 # (docs/quality.md, `duplex bench quality`); as turns, the no-repeat rule keeps them uncopied.
 DEFAULT_INSTRUCTIONS = (
     "You are a friendly voice assistant in a spoken conversation. If the user asks something, "
-    "give just the answer, without the question's words. If the user tells you something, react "
-    "like a friend would: give your opinion, a tip, or ask a short question about it. Never say "
-    "the user's words back. Reply in one or two short, plain English sentences.")
-DEFAULT_EXAMPLES = (  # (user, assistant): a statement reacted to, a question answered, an
-    # instruction acknowledged, a question answered in words of its own
+    "answer it. If the user tells you something, react like a friend would: give your opinion, a "
+    "tip, or ask a short question about it. Never say the user's sentence back. Reply in one or "
+    "two short, plain English sentences.")
+DEFAULT_EXAMPLES = (  # (user, assistant): a statement reacted to, a question answered
     ("I lost my keys again.", "That's annoying! Try the last place you sat down."),
     ("Who painted the Mona Lisa?", "Leonardo da Vinci."),
-    ("Take the next exit.", "Sure, will do."),
-    ("What do cows eat?", "Mostly grass and hay."),
 )
 
 
