@@ -1,5 +1,5 @@
 """`duplex bench quality`'s measures: when a reply echoes the user, and when a key word is heard."""
-from agent.bench.quality import SPOKEN, VOICES, Clip, content_words, echoes, in_turn, key_heard
+from agent.bench.quality import SPOKEN, VOICES, Clip, content_words, echoes, in_turn, key_heard, stock_phrase
 
 
 def test_a_reply_that_says_the_users_words_back_echoes():
@@ -49,3 +49,10 @@ def test_most_of_the_words_is_more_than_half_and_a_restated_question_with_its_an
     assert mostly_echoes("Turn left at the next corner.", "Turn left at the next corner.")
     assert mostly_echoes("It is raining again.", "It's raining again.")
     assert not mostly_echoes("Go forward 10 meters.", "") and echo_share("Go forward 10 meters.", "") == 0.0
+
+
+def test_a_reply_that_says_four_words_in_a_row_of_an_earlier_one_is_a_stock_phrase():
+    earlier = ["That's great! Have a nice day.", "Tokyo."]
+    assert stock_phrase("That's okay. Have a nice day!", earlier)
+    assert not stock_phrase("That's great! Enjoy the trip.", earlier)  # three words are no formula
+    assert not stock_phrase("Have a nice day.", [])

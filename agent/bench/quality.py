@@ -21,7 +21,9 @@ because air scatters blue light more." after "Why is the sky blue?" does not (2 
 answer that restates a question ("The capital of France is Paris.") counts as an echo too, so
 the set asks questions whose answers need new words. The bench also counts, as `(most)`, the
 replies of which more than half of the content words are the user's (the issue's wording, "most
-of the reply's words"): a restated question with its answer is none of those.
+of the reply's words"): a restated question with its answer is none of those. And it counts, as
+`stock`, the replies that say four words in a row of an earlier reply ("Have a nice day." closing
+one reply after another): a prompt can trade echoes for such a formula, which no echo count sees.
 """
 from __future__ import annotations
 
@@ -106,6 +108,16 @@ def mostly_echoes(user: str, reply: str) -> bool:
     """The issue's wording, "most of the reply's words in the user's turn": more than half. A
     restated question with its answer ("Romeo and Juliet were written by Shakespeare.") is not."""
     return echo_share(user, reply) > 0.5
+
+
+def stock_phrase(reply: str, earlier: list[str], n: int = 4) -> bool:
+    """Whether `reply` says a run of `n` words that an earlier reply said ("Have a nice day."
+    closing reply after reply): a small model's formula, which the echo count does not see."""
+    def runs(text: str) -> set[tuple[str, ...]]:
+        w = normalize(text)
+        return {tuple(w[i:i + n]) for i in range(len(w) - n + 1)}
+    said = set().union(*(runs(e) for e in earlier)) if earlier else set()
+    return bool(runs(reply) & said)
 
 
 def key_heard(key: str, heard: str) -> bool:
@@ -257,6 +269,8 @@ def conversation_figures(res: dict, clips: list[Clip]) -> dict:
             "stages_mean_ms": res["stages_mean_ms"], "loop_lag": res["loop_lag"],
             "repeated_replies": sum(r.get("reply") in [x.get("reply") for x in rows[:i]]
                                     for i, r in enumerate(rows) if r.get("reply")),
+            "stock_phrases": sum(stock_phrase(r["reply"], [x.get("reply") or "" for x in rows[:i]])
+                                 for i, r in enumerate(rows) if r.get("reply")),
             "turns": [{k: r.get(k) for k in ("input", "said", "heard", "reply", "voice_to_voice_ms")} for r in rows]}
 
 
@@ -351,13 +365,15 @@ def main(argv: list[str] | None = None) -> int:
                     conv.setdefault(name, []).append(conversation_figures(res, in_turn(spoken)))
         print("\nconversations (concurrent mode): key words heard in the live finals; replies that echo "
               "the user (at least half of their content words the user's; more than half: most); replies word for "
-              "word an earlier one's; voice-to-voice (first bot audio - exact end of speech)")
-        print(f"{'setting':<20} {'round':>5} {'keywords':>8} {'echoes':>8} {'(most)':>6} {'repeats':>7} {'v2v p50':>8} "
-              f"{'p90':>6}")
+              "word an earlier one's, or four words in a row of one (stock); voice-to-voice (first bot audio - exact end "
+              "of speech)")
+        print(f"{'setting':<20} {'round':>5} {'keywords':>8} {'echoes':>8} {'(most)':>6} {'repeats':>7} {'stock':>5} "
+              f"{'v2v p50':>8} {'p90':>6}")
         for name, runs in conv.items():
             for rnd, f in enumerate(runs):
                 print(f"{name:<20} {rnd + 1:>5} {f['keywords_heard']:>4}/{f['keywords_of']:<3} "
-                      f"{f['echoes']:>3}/{f['replies']:<4} {f['mostly_echoes']:>6} {f['repeated_replies']:>7} {f['voice_to_voice_p50_ms'] or 0:>8.0f} "
+                      f"{f['echoes']:>3}/{f['replies']:<4} {f['mostly_echoes']:>6} {f['repeated_replies']:>7} {f['stock_phrases']:>5} "
+                      f"{f['voice_to_voice_p50_ms'] or 0:>8.0f} "
                       f"{f['voice_to_voice_p90_ms'] or 0:>6.0f}")
                 if args.verbose:
                     for t in f["turns"]:
