@@ -150,7 +150,7 @@ class LlamaCppChat:
         with self._lock:
             if stop.is_set():
                 return
-            sampling = {"temperature": self.temperature, "logits_processor": self._no_repeat(messages)}
+            sampling = {"temperature": self.temperature, "logits_processor": self._no_repeat(messages, itself=not tools)}
             if prefix:  # the answer so far, to go on from: the templated prompt, then its words
                 form = self._formatter(messages=template_messages(messages), **({"tools": tools} if tools else {}))
                 chunks = self._llm.create_completion(
@@ -176,15 +176,16 @@ class LlamaCppChat:
                 chunks.close()
                 release_sampler(self._llm)
 
-    def _no_repeat(self, messages: list[Message]):
-        """A logits processor that keeps the reply from copying an earlier one (llm/no_repeat.py)."""
-        replies = earlier_replies(messages) if self.no_repeat else []
-        if not replies:
+    def _no_repeat(self, messages: list[Message], itself: bool):
+        """A logits processor that keeps the reply from copying an earlier one or (`itself`)
+        itself (llm/no_repeat.py): not where tools are offered, since two calls in one reply
+        repeat the calls' form."""
+        if not self.no_repeat:
             return None
         import llama_cpp
 
-        tokenized = [self._llm.tokenize(text.encode("utf-8"), add_bos=False) for text in replies]
-        return llama_cpp.LogitsProcessorList([NoRepeat(tokenized, self.no_repeat).logits_processor()])
+        tokenized = [self._llm.tokenize(text.encode("utf-8"), add_bos=False) for text in earlier_replies(messages)]
+        return llama_cpp.LogitsProcessorList([NoRepeat(tokenized, self.no_repeat, itself).logits_processor()])
 
     def warm(self, messages: list[Message], stop: ReadAheadStop | None = None, tools: list[dict] | None = None) -> None:
         self._thread.submit(self._warm, list(messages), stop, tools).result()
