@@ -35,12 +35,9 @@ class NoRepeat:
         return self.after.get(tuple(int(t) for t in context[len(context) - self.n + 1:]), set())
 
     def banned_in_itself(self, reply: list[int] | np.ndarray) -> set[int]:
-        """The next tokens that would make `reply` repeat `n` tokens in a row of itself."""
-        k = self.n - 1
-        if k < 1 or len(reply) < k + 1:
-            return set()
-        tail = [int(t) for t in reply[len(reply) - k:]]
-        return {int(reply[i + k]) for i in range(len(reply) - k) if [int(t) for t in reply[i:i + k]] == tail}
+        """The next tokens that would make `reply` repeat `n` tokens in a row of itself: the
+        reply read as an earlier reply of its own."""
+        return NoRepeat([[int(t) for t in reply]], self.n).banned(reply)
 
     def logits_processor(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
         """llama-cpp-python's `logits_processor` form: (input ids, scores) -> scores. The first
