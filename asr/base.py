@@ -145,3 +145,7 @@ class Utterances(Protocol):
         speculation). A later `flush(until_s)` over the same audio reuses the result. `quick`:
         the caller waits on these words (speech over the bot), so no slower second look at an
         unsure decode."""
+
+    async def words_so_far(self, until_s: float) -> str:
+        """A quick look at the text of the utterance up to `until_s` while it is still said
+        (greedy, no word times, nothing kept): for a decision that cannot wait for its end."""

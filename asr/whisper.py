@@ -96,6 +96,10 @@ class WhisperOptions:
     language: str = "en"
     window_pad_s: float | None = 10.0  # encoder window = utterance + this (None: always 30 s)
     final_window_pad_s: float | None = None  # the same for a final decode (None: `window_pad_s`)
+    # ... and for a look at the words so far of speech over the bot (`UtteranceDecoder.glance`):
+    # a short window is 2-3 times quicker (~40 against ~100 ms) and repeats words more ("Right Right
+    # Right"), which does not change what a look tells: a backchannel from words
+    glance_window_pad_s: float | None = 2.0
     # An unsure final (average log-prob below this) is decoded again on Whisper's full 30 s
     # window, and that answer is kept when it is surer by `unsure_margin` (None: never).
     unsure_logprob: float | None = RECHECK_LOGPROB
@@ -393,6 +397,13 @@ class UtteranceDecoder:
                          final=True, stable_text=text)
         self._cached = (n, hyp)
         return hyp
+
+    def glance(self, n_samples: int) -> str:
+        """The text of the first `n_samples` of the utterance, greedy, on a short window
+        (`glance_window_pad_s`), with no word times or second look, changing nothing."""
+        rec = self.recognizer
+        out = rec.transcribe(self._buf[:max(0, min(int(n_samples), self._n))], pad_s=rec.options.glance_window_pad_s)
+        return out[0] if out is not None else ""
 
     def finalize(self, n_samples: int | None = None) -> Hypothesis:
         """Decode the utterance (its first `n_samples`: trailing silence adds nothing) and end it."""

@@ -123,6 +123,17 @@ class WhisperAdapterStream:
             return Hypothesis("", final=True)
         return await self._decode(until_s, final=False, recheck=not quick)
 
+    async def words_so_far(self, until_s: float) -> str:
+        if self._utt_start is None:
+            return ""
+        self._urgent += 1  # a running partial gives way
+        try:
+            async with self._lock:
+                self._sync()
+                return await self._run(self._decoder.glance, int(round(until_s * SPEECH_RATE)) - self._utt_start)
+        finally:
+            self._urgent -= 1
+
     # ---- decoding -----------------------------------------------------------------------------
     def _decoder_decoded_at(self) -> int:
         return (self._utt_start or 0) + self._decoder.decoded_samples

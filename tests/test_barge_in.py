@@ -38,9 +38,9 @@ LONG = ("Once upon a time there was a small fox who lived in a quiet wood, and e
 
 
 # ---- the turn machine ----------------------------------------------------------------------------
-def speaking() -> Driver:
+def speaking(**config) -> Driver:
     """A turn answered; the bot's reply is playing."""
-    d = Driver().frames("#" * 20 + "." * 8).eou(0.9)
+    d = Driver(**config).frames("#" * 20 + "." * 8).eou(0.9)
     d.log += d.m.on_final(d.t, "tell me a story")
     d.m.on_reply_started(d.t)
     return d
@@ -103,6 +103,143 @@ def test_the_early_decode_of_speech_over_the_bot_decides_as_soon_as_it_comes():
     # words of an earlier silence, or come after the user went on, decide nothing
     d = speaking().frames("#" * 12 + ".." + "#" * 5)
     assert d.m.on_early_words(d.t, "Stop.", stopped.t_speech_end) == [] and d.m.state == I
+
+
+def looks(d: Driver, *texts: str) -> list:
+    """Looks at the words so far of the speech over the bot, one 32 ms frame of speech apart."""
+    out = []
+    for i, text in enumerate(texts):
+        if i:
+            d.frames("#")
+        out += d.m.on_overlap_words(d.t, text)
+    return out
+
+
+def test_a_backchannel_lets_the_reply_go_on_while_it_is_still_said():
+    d = speaking().frames("#" * 9)  # 0.29 s over the bot: paused, too soon to look at its words
+    assert d.m.overlap_undecided and not d.m.wants_overlap_words(d.t)
+    d.frames("#")  # 0.32 s: a look at the words so far
+    assert d.m.wants_overlap_words(d.t)
+    # nothing heard yet, or an interruption's lead word: still paused
+    assert looks(d, "", "Wait", "Sorry,") == [] and d.m.overlap_undecided
+    assert looks(d, "Mm-hmm.") == [ResumeReply(d.t, words_due=True)]
+    assert d.m.going_on and not d.m.overlap_undecided and d.m.state == I
+    d.frames("###")  # the rest of it: one look with words, or none, does not pause it again
+    assert looks(d, "Mm-hmm, what", "", "in a manner", "Mm-hmm.") == [] and d.kinds().count(PauseReply) == 1
+    # nor do words in place of the hum, however many: Whisper makes them up over a long one
+    assert looks(d, "I am here...", "I am a major", "I am a very charming.") == [] and d.m.going_on
+    n = len(d.log)
+    d.frames("..")
+    stopped = d.log[-1]
+    assert isinstance(stopped, SpeechStopped)
+    # its end: the decode at the silence confirms it, and the reply plays on (no second resume)
+    assert d.m.on_early_words(d.t, "Yeah.", stopped.t_speech_end) == [EndOfTurn(stopped.t_speech_end)]
+    assert d.m.state == B and not d.m.going_on and d.log[n:] == [stopped]
+    assert d.m.on_final(d.t, "Yeah.") == [DiscardTranscript(d.t)] and d.m.state == B
+    d.frames("." * 70)  # past the false-interruption timeout: nothing more
+    assert d.kinds().count(ResumeReply) == 0 and d.kinds().count(PauseReply) == 1
+
+
+def test_words_after_the_reply_went_on_over_them_pause_it_again_and_cut_it():
+    d = speaking().frames("#" * 10)
+    start = next(c for c in d.log if isinstance(c, PauseReply)).t_speech_start
+    assert looks(d, "Okay,") == [ResumeReply(d.t, words_due=True)]
+    d.frames("#" * 6)
+    # "Okay, but what ...": words, as soon as two looks hear them
+    assert looks(d, "Okay, but", "Okay, but what") == [PauseReply(d.t, start)]
+    assert d.m.overlap_undecided and not d.m.going_on
+    d.frames("#" * 20 + "..")
+    stopped = d.log[-1]
+    assert d.m.on_early_words(d.t, "Okay, but what about the dragon?", stopped.t_speech_end) == [CancelReply(d.t)]
+    assert d.m.state == U  # a turn of its own, answered
+    # words the decode at the silence hears, after the looks heard none, cut it at once
+    d = speaking().frames("#" * 10)
+    looks(d, "Okay.")
+    d.frames("###..")
+    assert d.m.on_early_words(d.t, "Okay, stop.", d.log[-1].t_speech_end) == [CancelReply(d.t)]
+    assert d.m.state == U and not d.m.going_on
+    d.frames("." * 8).eou(0.9)
+    assert d.m.on_final(d.t, "Okay, stop.") == [] and d.m.state == T
+    # and a partial's stable words do too
+    d = speaking().frames("#" * 10)
+    looks(d, "Yeah.")
+    assert d.m.on_words(d.t, "yeah but why did the king") == [CancelReply(d.t)]
+
+
+def test_side_talk_and_wordless_speech_let_the_reply_go_on_while_they_are_said():
+    d = speaking().frames("#" * 10)
+    start = next(c for c in d.log if isinstance(c, PauseReply)).t_speech_start
+    assert looks(d, "Honey can") == [ResumeReply(d.t, words_due=True)]  # calls someone else
+    d.frames("#" * 30)
+    assert looks(d, "Honey, can you grab my keys", "Honey, can you grab my keys") == [] and d.m.going_on
+    assert looks(d, "Honey, stop", "Honey, stop the music") == [PauseReply(d.t, start)]  # for the bot after all
+    assert d.m.overlap_undecided and d.m.wants_overlap_words(d.t)
+    d.frames("#" * 24)  # 2.0 s: no more looks (its decode at the silence decides)
+    assert not d.m.wants_overlap_words(d.t)
+    # the decode at the pause after the name ("Honey," then a breath) hears "Honey.": no cut yet
+    d = speaking().frames("#" * 10)
+    looks(d, "Honey")
+    d.frames("##..")
+    assert d.m.on_early_words(d.t, "Honey.", d.log[-1].t_speech_end) == [] and d.m.going_on
+    d.frames("#" * 30 + "..")
+    assert d.m.on_early_words(d.t, "Honey, can you grab my keys?", d.log[-1].t_speech_end) == [
+        EndOfTurn(d.log[-1].t_speech_end)] and d.m.state == B
+    # speech heard as no words: paused until it has lasted `wordless_over_s`
+    d = speaking().frames("#" * 10)
+    assert looks(d, "", "", "") == []
+    d.frames("#" * 15)  # 0.83 s
+    assert looks(d, "") == [ResumeReply(d.t, words_due=True)]
+    # none of it with looks off
+    d = speaking(look_over_s=None).frames("#" * 30)
+    assert not d.m.wants_overlap_words(d.t) and looks(d, "Yeah.", "Yeah.") == []
+
+
+def test_a_look_at_a_brief_overlap_as_it_stops_lets_the_reply_go_on_before_the_decode():
+    # "Right." (0.29 s): too short for two looks while said; the look at its silence hears it
+    d = speaking().frames("#" * 9 + "..")
+    stopped = d.log[-1]
+    assert not d.m.wants_overlap_words(d.t)
+    for heard in ("Stop.", "Honey,", "Wait wait wait"):  # words, a name: the decode decides
+        assert d.m.on_overlap_words(d.t, heard) == [] and d.m.overlap_undecided
+    assert d.m.on_overlap_words(d.t, "Right. Right. Right.") == [EndOfTurn(stopped.t_speech_end),
+                                                                  ResumeReply(d.t, words_due=True)]
+    assert d.m.state == B and not d.m.overlap_open
+    # the decode at the silence comes after: it decides nothing now, its final does
+    assert d.m.on_early_words(d.t, "Right.", stopped.t_speech_end) == []
+    assert d.m.on_final(d.t, "Right.") == [DiscardTranscript(d.t)] and d.m.state == B
+    # its final holds words going on from it: they cut the reply that went on, and are answered
+    d = speaking().frames("#" * 9 + "..")
+    d.m.on_overlap_words(d.t, "Mm-hmm.")
+    assert d.m.on_final(d.t, "Mm-hmm, stop.") == [CancelReply(d.t)] and d.m.state == T
+    # no words is no backchannel: the look at the comma's pause of kal's "Wait, who ..." hears none
+    d = speaking().frames("#" * 9 + "..")
+    assert d.m.on_overlap_words(d.t, "") == [] and d.m.overlap_undecided
+
+
+def test_words_a_decode_hears_in_place_of_the_backchannel_a_look_heard_do_not_cut_it():
+    # awb's "Okay.": a look heard "Okay", the decode at the silence "Go key."
+    d = speaking().frames("#" * 10)
+    assert looks(d, "Okay") == [ResumeReply(d.t, words_due=True)]
+    d.frames("#" * 4 + "..")
+    assert d.m.on_early_words(d.t, "Go key.", d.log[-1].t_speech_end) == [EndOfTurn(d.log[-1].t_speech_end)]
+    assert d.m.state == B and d.m.on_final(d.t, "Go key.") == [DiscardTranscript(d.t)]
+    # Piper's "Mm-hmm.": the look at its silence heard "N m m", the final "in a month."
+    d = speaking().frames("#" * 12 + "..")
+    assert [type(c) for c in d.m.on_overlap_words(d.t, "N m m")] == [EndOfTurn, ResumeReply]
+    assert d.m.on_final(d.t, "in a month.") == [DiscardTranscript(d.t)] and d.m.state == B
+    # words after the backchannel, or speech longer than one, are no dispute
+    d = speaking().frames("#" * 12 + "..")
+    d.m.on_overlap_words(d.t, "Okay")
+    assert d.m.on_final(d.t, "Okay, stop.") == [CancelReply(d.t)]
+    d = speaking().frames("#" * 10)
+    looks(d, "Mm-hmm.")
+    d.frames("#" * 35 + "..")  # 1.5 s
+    assert d.m.on_early_words(d.t, "I want the dragon story.", d.log[-1].t_speech_end) == [CancelReply(d.t)]
+    # a look that heard a name is no hearing of a backchannel
+    d = speaking().frames("#" * 10)
+    looks(d, "Tom,")
+    d.frames("###..")
+    assert d.m.on_early_words(d.t, "Tom. Stop.", d.log[-1].t_speech_end) == [CancelReply(d.t)]
 
 
 def test_a_longer_backchannel_waits_for_its_final_to_resume():

@@ -3,7 +3,7 @@ answers: no asyncio, no audio, no models. Each test asserts the commands the mac
 from agent.conversation.endpointing import CombinedPolicy, RulesPolicy, SilencePolicy, SmartTurnPolicy
 from agent.conversation.listening import (
     AwaitAudioCheck, AwaitTextTurn, BeginUtterance, CheckAudioTurn, CheckTextTurn, DecodeEarly, DropWords, Emit,
-    EndTurn, FalseInterruption, HeardPartial, ListenerConfig, ListenMachine, Note, PauseTranscript, QueueEarlyDecode, ReadAhead,
+    EndTurn, FalseInterruption, HeardPartial, ListenerConfig, ListenMachine, LookAtOverlap, Note, PauseTranscript, QueueEarlyDecode, ReadAhead,
     Speaking, SpokeOver, StateChange, StopReadAhead, Transcript, UserBargedIn, UserResumed, UserStarted, UserStopped)
 from agent.conversation.turns import State, TurnConfig
 from agent.tracing.trace import Ev
@@ -66,6 +66,11 @@ class Driver:
         """The next queued early decode's turn comes (the ones before it are done)."""
         c = self.queued.pop(0)
         return self.run(self.m.on_early_turn(c.t_speech_end, c.until))
+
+    def looked(self, text: str = ""):
+        """The look at the words of speech over the bot (`LookAtOverlap`) answers, and ends."""
+        self.run(self.m.on_overlap_look(text))
+        return self.run(self.m.on_overlap_look_ended())
 
     def decoded(self, text: str):
         c = self.decoding.pop(0)
@@ -162,7 +167,7 @@ def test_a_turns_early_decodes_are_capped_and_a_new_turn_gets_its_own():
     assert d.kinds().count(UserResumed) == 2
     d.frames("." * 16)
     assert len(d.ended) == 1 and d.m.state == State.THINKING
-    d.final("one two three").frames("#" * 10 + ".").early()
+    d.final("one two three").frames("#" * 10 + ".").looked("four").early()  # over the thinking bot: a look first
     assert len(d.of(DecodeEarly)) == 3
 
 
@@ -303,7 +308,7 @@ def test_a_false_interruption_resumes_and_drops_its_words():
     # no end of turn before the timeout (rules: smart-turn said "incomplete", 1.5 s): the timeout
     d = Driver(endpointing=RulesPolicy(), false_interruption_s=1.0).frames("#" * 20 + ".").early().audio(0.9)
     d.decoded("tell me a story").frames("." * 7)
-    d.final("tell me a story").bot_speaks().frames("####.").early().audio(0.05)
+    d.final("tell me a story").bot_speaks().frames("####.").looked().early().audio(0.05)
     n = len(d.log)
     d.frames("." * 31)
     assert d.kinds(n)[-3:] == [DropWords, FalseInterruption, StateChange] and d.m.state == State.BOT_SPEAKING
@@ -352,6 +357,71 @@ def test_speech_over_the_bot_is_decoded_quick_and_a_turn_of_its_own_is_not():
     d.decoded("tell me a story").frames("." * 7)
     d.final("tell me a story").bot_speaks().frames("####.")
     assert d.m.turns.overlap_undecided
-    d.early().audio(0.05)
+    d.looked().early().audio(0.05)
     (over,) = d.decoding
     assert over.quick
+
+
+def test_speech_over_the_bot_is_looked_at_while_it_is_said_one_look_at_a_time():
+    """The words so far of speech over the paused bot are decoded as it goes on (a quick look,
+    one at a time, each on new audio): a backchannel lets the reply go on before it ends."""
+    d = Driver(endpointing=RulesPolicy()).frames("#" * 20 + ".").early().audio(0.9)
+    d.decoded("tell me a story").frames("." * 7).final("tell me a story").bot_speaks()
+    d.frames("#" * 9)  # 0.29 s over the bot: paused, not looked at yet
+    assert d.of(SpokeOver) and not d.of(LookAtOverlap)
+    d.frames("#")
+    (look,) = d.of(LookAtOverlap)
+    assert near(look.until, d.m.t_audio)
+    d.frames("###")  # one look at a time
+    assert len(d.of(LookAtOverlap)) == 1
+    d.run(d.m.on_overlap_look(""))  # nothing heard yet
+    d.run(d.m.on_overlap_look_ended())
+    d.frames("#")  # the next look, on the audio since
+    assert len(d.of(LookAtOverlap)) == 2
+    n = len(d.log)
+    d.run(d.m.on_overlap_look("Mm-hmm.", echo=False))  # a hum: it goes on
+    d.run(d.m.on_overlap_look_ended())
+    assert d.since(n) == [Emit(FalseInterruption(words_due=True))]
+    d.frames("..")  # silent: no more looks; the decode at the silence is quick, and only confirms
+    assert len(d.of(LookAtOverlap)) == 2
+    d.early().audio(0.05)
+    assert d.decoding[-1].quick
+    n = len(d.log)
+    d.decoded("Mm-hmm.")
+    assert d.kinds(n) == [EndTurn, StateChange] and d.m.state == State.BOT_SPEAKING
+    assert len(d.of(FalseInterruption)) == 1 and not d.of(PauseTranscript)[1:]
+    d.final("Mm-hmm.")
+    assert d.log[-1] == Transcript("", ())
+    # the bot's own voice heard back is no words: it stays paused
+    d = Driver(endpointing=RulesPolicy()).frames("#" * 20 + ".").early().audio(0.9)
+    d.decoded("tell me a story").frames("." * 7).final("tell me a story").bot_speaks().frames("#" * 8)
+    n = len(d.log)
+    for _ in range(3):
+        d.run(d.m.on_overlap_look("Once upon a time", echo=True))
+    assert d.since(n) == [] and d.m.turns.overlap_undecided
+
+
+def test_a_brief_overlap_is_looked_at_as_it_stops_before_its_decode():
+    d = Driver(endpointing=RulesPolicy()).frames("#" * 20 + ".").early().audio(0.9)
+    d.decoded("tell me a story").frames("." * 7).final("tell me a story").bot_speaks()
+    d.frames("#" * 6)  # 0.19 s: too short to be looked at while said
+    n = len(d.log)
+    d.frames(".")
+    (look,) = [c for c in d.since(n) if isinstance(c, (LookAtOverlap, QueueEarlyDecode))]  # the decode waits
+    assert isinstance(look, LookAtOverlap)
+    n = len(d.log)
+    d.run(d.m.on_overlap_look("Yeah."))
+    d.run(d.m.on_overlap_look_ended())
+    assert d.kinds(n) == [EndTurn, FalseInterruption, StateChange, QueueEarlyDecode] and d.m.state == State.BOT_SPEAKING
+    assert near(d.log[-1].until, look.until)
+    # a quiet frame inside the word ended the silence: the user speaks again, and no decode is queued
+    d = Driver(endpointing=RulesPolicy()).frames("#" * 20 + ".").early().audio(0.9)
+    d.decoded("tell me a story").frames("." * 7).final("tell me a story").bot_speaks()
+    d.frames("#" * 6 + "." + "###")
+    n = len(d.log)
+    d.run(d.m.on_overlap_look("Go"))
+    d.run(d.m.on_overlap_look_ended())
+    assert not [c for c in d.since(n) if isinstance(c, QueueEarlyDecode)]
+    # a turn of the user's own is not looked at
+    d = Driver(endpointing=RulesPolicy()).frames("#" * 20 + ".")
+    assert not d.of(LookAtOverlap)

@@ -1,7 +1,8 @@
 """Speech over the bot told apart by its sound: real Silero, Whisper, LLM and voice. A voice
 across the room, 20 dB below the user's own turn, says a sentence over the story: the bot neither
 pauses nor answers it (`TurnConfig.echo_level_db`); the same sentence at the user's level pauses it
-at once (`duplex bench overlap` measures both over many voices)."""
+at once (`duplex bench overlap` measures both over many voices). A long "Mm-hmm." at the user's
+level pauses it, and it goes on while the hum is still said (`TurnConfig.look_over_s`)."""
 import asyncio
 import subprocess
 
@@ -69,3 +70,18 @@ def test_the_same_words_at_the_users_level_pause_the_bot_at_once(tmp_path):
     (paused,) = [e for e in tracer.events() if e.name == Ev.REPLY_PAUSED][:1]
     assert paused.args["speech_to_clear_ms"] < 400  # (the target is 250 ms; a CI machine may be loaded)
     assert session.records[0].interrupted
+
+
+def test_a_long_hum_lets_the_story_go_on_before_it_ends_and_is_no_turn(tmp_path):
+    from agent.tracing.trace import Ev
+
+    hum = say("Mm-hmm.", tmp_path / "h.wav")  # the user's own voice: 1.1 s of flite's slt
+    session, tracer = run(tmp_path, hum)
+    events = tracer.events()
+    paused = next(e for e in events if e.name == Ev.REPLY_PAUSED)
+    resumed = next(e for e in events if e.name == Ev.RESUME and e.ts_ns > paused.ts_ns)
+    hum_end = next(e for e in events if e.name == Ev.USER_SPEECH_END and e.ts_ns > paused.ts_ns)
+    assert resumed.ts_ns < hum_end.ts_ns, "the story waited for the end of the hum"
+    first = session.records[0]
+    assert first.reply_text and not first.interrupted and first.heard_text == first.reply_text
+    assert [m["role"] for m in session.history] == ["user", "assistant"], "the hum was answered"

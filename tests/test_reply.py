@@ -167,6 +167,41 @@ async def test_after_the_far_end_ran_dry_the_clock_goes_on_from_the_next_piece()
     await playout.close()
 
 
+async def test_a_resume_in_a_pause_of_the_voice_goes_on_at_the_next_word():
+    """Paused between two sentences, the reply goes on with the next one: the rest of the pause
+    is not sent again (at most `resume_skip_s` of it), and no word is lost."""
+    far = Far()
+    playout = Playout(far, lead_s=0.05, piece_s=0.1, new_id=itertools.count().__next__)
+    t = np.arange(4800) / 16000
+    tone = (np.sin(2 * np.pi * 440 * t) * 8000).astype(np.int16)  # 0.3 s of voice
+    gap = np.zeros(4800, np.int16)  # 0.3 s of silence
+    await playout.play(AudioChunk(np.concatenate([tone, gap]), 16000, "One two."))
+    await playout.play(AudioChunk(np.concatenate([gap[:800], tone]), 16000, "Three."))
+    await asyncio.sleep(0.36)  # into the pause after "One two."
+    assert await playout.pause()
+    sent = len(far.audio)
+    at = playout.resume()
+    assert 0.3 < at < 0.45
+    await playout.wait_played()
+    after = np.concatenate([c.pcm for c in far.audio[sent:]])
+    first_voice = np.flatnonzero(np.abs(after) > 100)[0]
+    assert first_voice <= 16000 * 0.02 + 1, f"{first_voice / 16:.0f} ms of the pause sent again"
+    assert np.count_nonzero(np.abs(after) > 100) == np.count_nonzero(np.abs(tone) > 100), "a word was lost"
+    assert playout.heard_text() == "One two. Three."
+    # a pause longer than `resume_skip_s` is shortened by that much, not skipped whole
+    far = Far()
+    playout = Playout(far, lead_s=0.05, piece_s=0.1, new_id=itertools.count().__next__, resume_skip_s=0.1)
+    await playout.play(AudioChunk(np.concatenate([tone, gap, tone]), 16000, "One. Two."))
+    await asyncio.sleep(0.32)
+    await playout.pause()
+    sent = len(far.audio)
+    at = playout.resume()
+    await playout.wait_played()
+    after = np.concatenate([c.pcm for c in far.audio[sent:]])
+    assert abs(np.flatnonzero(np.abs(after) > 100)[0] / 16000 - (0.6 - at - 0.1)) < 0.011
+    await playout.close()
+
+
 async def test_the_voice_makes_the_next_chunk_while_the_last_one_plays():
     """`play` returns while the chunk is still being sent (at most `queue_s` of it waits), so
     the synthesis of the next chunk overlaps its playout instead of following it."""

@@ -1,6 +1,8 @@
 """The embedded Whisper's stream with the listener's hints: an utterance that begins while the
 last one's final decode is still waiting or running (the user speaks again at once, as over a
-bot that paused) is decoded whole, and the last one keeps its own words."""
+bot that paused) is decoded whole, and the last one keeps its own words. A look at the words so
+far (speech over the bot, still said) hears a backchannel as one and words as words, and leaves
+the utterance's words to its flush."""
 import asyncio
 
 import numpy as np
@@ -51,3 +53,36 @@ async def test_an_utterance_begun_while_the_last_one_is_finalized_is_decoded(rec
     finally:
         await stream.close()
     assert heard == [["please", "stop", "talking"], ["wait", "a", "moment", "please"]], heard
+
+
+async def test_a_look_at_the_words_so_far_tells_a_backchannel_from_words_and_keeps_nothing(recognizer, tmp_path):
+    from agent.conversation.turns import BACKCHANNELS, interrupting_words
+
+    lead = np.zeros(RATE * 3 // 10, np.float32)  # the listener's preroll
+    okay = say("Okay.", tmp_path / "a.wav")
+    words = say("Please stop talking now.", tmp_path / "b.wav")
+    stream = await recognizer.open_stream()
+    try:
+        stream.begin_utterance(0.0)
+        await stream.feed(np.concatenate([lead, okay]))
+        heard = await stream.words_so_far((lead.size + okay.size) / RATE)
+        assert any(ch.isalnum() for ch in heard) and interrupting_words(heard, BACKCHANNELS) == 0, heard
+        start = (lead.size + okay.size) / RATE
+        stream.begin_utterance(start)
+        await stream.feed(np.concatenate([lead, words[:RATE * 8 // 10]]))  # its first 0.8 s
+        heard = await stream.words_so_far(start + (lead.size + RATE * 8 // 10) / RATE)
+        assert interrupting_words(heard, BACKCHANNELS) >= 1, heard
+        await stream.feed(np.concatenate([words[RATE * 8 // 10:], lead]))
+        await stream.flush(start + (2 * lead.size + words.size) / RATE)
+        events = []
+        async with asyncio.timeout(30):
+            async for ev in stream.events():
+                events.append(ev)
+                if isinstance(ev, Flushed):
+                    break
+    finally:
+        await stream.close()
+    # the looks emitted nothing: the flush's words are the utterance's, whole
+    assert all(isinstance(ev, (WordEvent, Flushed)) for ev in events)
+    assert [w for ev in events if isinstance(ev, WordEvent) for w in _words(ev.word.text)] == \
+        ["please", "stop", "talking", "now"]

@@ -27,7 +27,8 @@ import numpy as np
 from agent.conversation.eou import as_of_pause
 from agent.conversation.listening import (
     AwaitAudioCheck, AwaitTextTurn, BeginUtterance, CheckAudioTurn, CheckTextTurn, Command, DecodeEarly, DropWords,
-    Emit, EndTurn, FalseInterruption, HeardPartial, ListenerConfig, ListenerEvent, ListenMachine, Note, PauseTranscript,
+    Emit, EndTurn, FalseInterruption, HeardPartial, ListenerConfig, ListenerEvent, ListenMachine, LookAtOverlap, Note,
+    PauseTranscript,
     QueueEarlyDecode, ReadAhead, RecognizerLost, Speaking, SpokeOver, StateChange, StopReadAhead, Transcript,
     TurnEnded, UserBargedIn, UserResumed, UserSpokeOver, UserStarted, UserStopped, UserTranscript)
 from agent.conversation.turns import State, TurnMachine
@@ -76,6 +77,7 @@ class Listener:
         self._final_task: asyncio.Task | None = None  # the last final decode queued
         self._eou_task: asyncio.Task | None = None  # the last smart-turn check
         self._text_task: asyncio.Task | None = None  # the last text turn check
+        self._look_task: asyncio.Task | None = None  # the last look at the words of speech over the bot
         self._read_ahead_stop = ReadAheadStop()  # the text turn model's current read-ahead
         self._events_task: asyncio.Task | None = None
         self._closing = False
@@ -109,7 +111,7 @@ class Listener:
     async def close(self) -> None:
         self._closing = True
         self._read_ahead_stop.set()
-        await cancel_and_wait(self._early_task, self._final_task, self._eou_task, self._text_task)
+        await cancel_and_wait(self._early_task, self._final_task, self._eou_task, self._text_task, self._look_task)
         if self.stream is not None:
             with contextlib.suppress(Exception):
                 await self.stream.close()
@@ -194,6 +196,8 @@ class Listener:
                     text, _ = await self._transcript_until(until, take=False, quick=quick)
                 await self._carry_out(m.on_early_transcript(
                     t_end, text, echo=bool(text) and m.turns.overlap_undecided and self._is_echo(text)))
+            case LookAtOverlap(until):
+                self._look_task = _spawn(self._look_at_overlap(until), "asr-look")
             case CheckAudioTurn(t_end, heard_silence_s, pause_s):
                 # up to the last VAD frame, so that the silence after the speech is the same
                 # whatever the transport's chunking (smart-turn's verdict can flip with 32 ms more of it)
@@ -238,6 +242,20 @@ class Listener:
             return hyp.text, hyp.words
         await self._words.flush(self.stream, until)
         return self._words.take(until, keep=not take)
+
+    async def _look_at_overlap(self, until: float) -> None:
+        try:
+            if self._utterances is None:
+                return  # a recognizer of streams: its partials alone tell
+            span = self.tracer.begin(Stage.ASR, Ev.OVERLAP_LOOK, turn=self._turn())
+            text = ""
+            try:
+                text = await self._utterances.words_so_far(until)
+            finally:
+                self.tracer.end(span, text=text)
+            await self._carry_out(self.machine.on_overlap_look(text, echo=bool(text) and self._is_echo(text)))
+        finally:
+            await self._carry_out(self.machine.on_overlap_look_ended())
 
     async def _audio_check(self, t_end: float, audio: np.ndarray) -> None:
         try:

@@ -12,14 +12,15 @@ recognizer, the models and tasks, and feeds what they answer back as events.
 
 Events: `on_audio` (the stream clock), `on_vad` (a chunk's VAD frames), `on_early_turn` (the
 early decodes queued before this one are done), `on_early_transcript`, `on_audio_verdict` and
-`on_audio_check_ended` (smart-turn), `on_text_verdict` (the text turn model), `on_partial` and
+`on_audio_check_ended` (smart-turn), `on_overlap_look` and `on_overlap_look_ended` (a look at the
+words of speech over the bot), `on_text_verdict` (the text turn model), `on_partial` and
 `on_words` (a partial and its stable words), `on_final` (the final transcript), and the reply's
 progress (`on_bot_initiated`, `on_reply_started`, `on_reply_finished`).
 
 Each event returns its commands as an iterator: the shell carries each one out before it asks
 for the next, so a decision sees what the commands before it did (an `Emit`'s handler in the
 session may call back, e.g. `reply_finished`; a task may have run while the shell waited).
-`QueueEarlyDecode`, `CheckAudioTurn` and `EndTurn` start work that answers later, in a task
+`QueueEarlyDecode`, `LookAtOverlap`, `CheckAudioTurn` and `EndTurn` start work that answers later, in a task
 (`on_early_turn`, `on_audio_verdict`, `on_final`). `DecodeEarly`, `CheckTextTurn` and
 `AwaitTextTurn` are waited for, and their answer's commands (`on_early_transcript`,
 `on_text_verdict`) carried out, before the iterator goes on; so is `ReadAhead`. `AwaitAudioCheck`
@@ -31,6 +32,10 @@ The rules, and why:
   decode). It waits for the early decodes queued before it, and is skipped when the user spoke
   again meanwhile (their next silence asks anew) or the turn's `max_speculations_per_turn` are
   spent. The text turn model's read-ahead stops first: beside the decode both are slower.
+- Speech over the bot is looked at (`LookAtOverlap`, a quick decode of the words so far) while
+  the turn machine wants it (`wants_overlap_words`), one look at a time, each on `look_every_s`
+  of new audio; and once as it stops, before its early decode, while the bot is paused for it:
+  a look takes a fraction of the decode's time, and a backchannel then goes on sooner.
 - An `audio_first` policy asks smart-turn at that silence, alone, before the decode (beside it
   or the LLM's prompt it would take the cores they need), and again at the pause unless asked for
   this silence; one check runs at a time. The combined policy asks it after the text score, and
@@ -158,6 +163,8 @@ class ListenerConfig:
     # prompt and first words are computed meanwhile (with two cores or more; on one core's two
     # hyperthreads both would run at half speed, and the end of the turn waits for the verdict)
     speculate_before_verdict: bool = True
+    # new audio between two looks at the words of speech over the bot (`TurnConfig.look_over_s`)
+    look_every_s: float = 0.1
 
 
 # ---- what the machine asks the listener to do -------------------------------------------------
@@ -230,6 +237,14 @@ class DecodeEarly:
 
 
 @dataclass(frozen=True)
+class LookAtOverlap:
+    """A quick look at the words said by `until` of the speech over the bot that goes on (no
+    word times, no second look): `on_overlap_look`, then `on_overlap_look_ended` however it ends."""
+
+    until: float
+
+
+@dataclass(frozen=True)
 class CheckAudioTurn:
     """Start smart-turn on the last audio up to the last whole VAD frame, as it will be at the
     pause (`heard_silence_s` of silence padded to `pause_s`: eou.as_of_pause): `on_audio_verdict`
@@ -270,7 +285,7 @@ class Note:
 
 
 Command = (Emit | SpokeOver | EndTurn | Transcript | DropWords | BeginUtterance | Speaking | ReadAhead | StopReadAhead
-           | QueueEarlyDecode | DecodeEarly | CheckAudioTurn | AwaitAudioCheck | CheckTextTurn | AwaitTextTurn | Note)
+           | QueueEarlyDecode | DecodeEarly | LookAtOverlap | CheckAudioTurn | AwaitAudioCheck | CheckTextTurn | AwaitTextTurn | Note)
 Commands = Iterator[Command]
 
 
@@ -296,6 +311,9 @@ class ListenMachine:
         self._audio_asked: float | None = None  # the silence smart-turn was last asked about
         self._audio_checking = False  # a smart-turn check runs (until `on_audio_check_ended`)
         self._text_asked: tuple[float, str] | None = None  # (silence, text) of the last text check
+        self._looking = False  # a look at the words of speech over the bot runs
+        self._after_look: QueueEarlyDecode | None = None  # the early decode that waits for it
+        self._looked_until = 0.0  # the stream time the last one heard up to
         self._reported = self.turns.state  # the state the session was last told of
 
     @property
@@ -327,6 +345,10 @@ class ListenMachine:
         for c in commands:
             yield from self._carry(c)
         yield Speaking(self.turns.in_speech)
+        if (not self._looking and self.turns.wants_overlap_words(self.t_audio)
+                and self.t_audio - self._looked_until >= self.config.look_every_s - 1e-9):
+            self._looking, self._looked_until = True, self.t_audio
+            yield LookAtOverlap(self.t_audio)
         yield from self.report_state()
 
     def on_early_turn(self, t_speech_end: float, until: float) -> Commands:
@@ -339,12 +361,12 @@ class ListenMachine:
             yield AwaitAudioCheck()
             if not self._silent_since(t_speech_end):
                 return  # the user went on meanwhile: their next silence decodes
-        yield DecodeEarly(t_speech_end, until, quick=self.turns.overlap_undecided)
+        yield DecodeEarly(t_speech_end, until, quick=self.turns.overlap_open)
 
     def on_early_transcript(self, t_speech_end: float, text: str, echo: bool = False) -> Commands:
         """The early decode's words (`DecodeEarly`); `echo`: they are the bot's own heard back."""
         self._early_text = (t_speech_end, text)
-        if self._silent_since(t_speech_end) and self.turns.overlap_undecided:
+        if self._silent_since(t_speech_end) and self.turns.overlap_open:
             # speech over the bot: its words decide now whether it was an interruption
             for c in self.turns.on_early_words(self.t_audio, "" if echo else text, t_speech_end):
                 yield from self._carry(c)
@@ -354,6 +376,21 @@ class ListenMachine:
             if self.policy.audio_first:
                 yield from self._ask_audio(t_speech_end)  # if the model was busy with an earlier silence
             yield from self._pause_transcript(t_speech_end, text)
+
+    def on_overlap_look(self, text: str, echo: bool = False) -> Commands:
+        """The words so far of the speech over the bot (`LookAtOverlap`); `echo`: they are the
+        bot's own heard back (no words of the user's)."""
+        for c in self.turns.on_overlap_words(self.t_audio, "" if echo else text):
+            yield from self._carry(c)
+        yield from self.report_state()
+
+    def on_overlap_look_ended(self) -> Commands:
+        """The look has ended (its words carried out, or it failed): the early decode that waits
+        for it is queued, if the user is still silent."""
+        self._looking = False
+        after, self._after_look = self._after_look, None
+        if after is not None and self._silent_since(after.t_speech_end):
+            yield after
 
     def on_audio_verdict(self, probability: float, t_speech_end: float) -> Commands:
         """Smart-turn's probability that the turn is complete, asked about `t_speech_end`."""
@@ -431,6 +468,8 @@ class ListenMachine:
         elif isinstance(c, StartUtterance):
             self._early_decodes = 0
             self._early = self._early_text = None
+            self._looked_until = 0.0
+            self._after_look = None
             speech_so_far = self.t_audio - c.t_start
             t0 = max(0.0, self.t_audio - speech_so_far - self.config.turns.preroll_s)
             yield DropWords(t0)  # words before the utterance (noise the bot talked over)
@@ -441,6 +480,14 @@ class ListenMachine:
             yield Emit(UserStopped())
             until = min(c.t_speech_end + self.config.final_pad_s, self.t_audio)
             self._early = (c.t_speech_end, until)
+            if self.turns.overlap_undecided and self.config.turns.look_over_s is not None:
+                # a look first (2-4 times quicker than the decode), and the decode after it (beside
+                # it, both are slower; and a quiet frame inside a word often ends the silence)
+                self._after_look = QueueEarlyDecode(c.t_speech_end, until)
+                if not self._looking:
+                    self._looking, self._looked_until = True, until
+                    yield LookAtOverlap(until)
+                return
             yield QueueEarlyDecode(c.t_speech_end, until)
         elif isinstance(c, SpeechPaused):
             yield Note(Ev.PAUSE)
@@ -500,6 +547,8 @@ class ListenMachine:
                 yield from self._ask_audio(t_speech_end)
 
     def _offer(self, t_speech_end: float, text: str) -> Commands:
+        if self.turns.going_on:
+            return  # the words said over the reply that plays on are no turn to speculate on
         if self._offered != t_speech_end:  # once per silence (before the pause, or at it)
             self._offered = t_speech_end
             yield Emit(PauseTranscript(text))

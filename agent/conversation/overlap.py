@@ -8,7 +8,9 @@ machine's overlap settings (agent/conversation/turns.py, `TurnConfig`) and nothi
   or an "okay" starts a new reply (the behaviour before overlaps were told apart).
 - `balanced` (the default): speech far below the user's own level (a TV, a voice across the
   room, the echo) neither pauses nor cuts the bot; backchannel words do not cut it, nor words
-  that open by calling someone else ("Honey, ..."); speech over it that is brief (0.2-0.8 s) lets
+  that open by calling someone else ("Honey, ..."); the words of speech over it are looked at
+  while it is said (from 0.3 s on), and a backchannel, a hum, words calling someone else, or
+  0.8 s heard as no words let it go on at once; speech over it that is brief (0.2-0.8 s) lets
   it go on 0.45 s after it ends if its words are not known by then (they still cut the reply if
   they interrupt).
 - `floor-holding`: as balanced, but the bot only yields to 0.5 s of speech (LiveKit's
@@ -30,15 +32,16 @@ class OverlapStyle:
     backchannels: tuple[str, ...]  # words that never cut it
     echo_level_db: float | None  # speech this far below the user's level is not theirs
     side_talk: bool  # words that open by calling someone else never cut it
+    look_over_s: float | None  # speech over it this long is looked at while said: it may go on before its end
 
     def apply(self, turns: TurnConfig) -> TurnConfig:
         return replace(turns, barge_in_min_speech_s=self.barge_in_min_speech_s,
                        brief_overlap_s=self.brief_overlap_s, backchannels=self.backchannels,
-                       echo_level_db=self.echo_level_db, side_talk=self.side_talk)
+                       echo_level_db=self.echo_level_db, side_talk=self.side_talk, look_over_s=self.look_over_s)
 
 
-RESPONSIVE = OverlapStyle("responsive", 0.1, None, (), None, False)
-BALANCED = OverlapStyle("balanced", 0.1, (0.2, 0.8), BACKCHANNELS, -12.0, True)
-FLOOR_HOLDING = OverlapStyle("floor-holding", 0.5, (0.2, 1.5), BACKCHANNELS, -12.0, True)
+RESPONSIVE = OverlapStyle("responsive", 0.1, None, (), None, False, None)
+BALANCED = OverlapStyle("balanced", 0.1, (0.2, 0.8), BACKCHANNELS, -12.0, True, 0.3)
+FLOOR_HOLDING = OverlapStyle("floor-holding", 0.5, (0.2, 1.5), BACKCHANNELS, -12.0, True, 0.3)
 STYLES = {s.name: s for s in (RESPONSIVE, BALANCED, FLOOR_HOLDING)}
 DEFAULT_STYLE = BALANCED.name

@@ -115,9 +115,13 @@ class Playout:
     that is the last `keep_s` seconds sent (the far end holds at most `lead_s` of it)."""
 
     def __init__(self, transport: Transport, lead_s: float, piece_s: float, new_id: Callable[[], int],
-                 keep_s: float = 2.0, queue_s: float = 1.0):
+                 keep_s: float = 2.0, queue_s: float = 1.0, resume_skip_s: float = 0.5):
         self.transport, self.lead_s, self.piece_s, self.keep_s = transport, lead_s, piece_s, keep_s
         self.queue_s = queue_s
+        # a resume that lands in a pause of the voice (between two sentences) skips at most this
+        # much of it: the user has just waited through their own overlap, and a person who was
+        # interrupted goes on with the next word
+        self.resume_skip_s = resume_skip_s
         self._new_id = new_id  # chunk ids are unique for the whole session
         self.t0: float | None = None  # perf_counter time of reply second 0 (a resume moves it)
         self.sent_s = 0.0  # reply seconds sent (a resume goes back to where the far end stopped)
@@ -199,6 +203,7 @@ class Playout:
         self.heard.dropped(dropped)
         self._recent = deque(p for p in self._recent if p.offset_s + p.seconds <= pos + 1e-9)
         self._queue.extendleft(reversed(again))
+        self._skip_silence(self.resume_skip_s)
         if self.t0 is not None:
             self.t0 = time.perf_counter() - pos  # the clock goes on from the paused sample
         self.sent_s = pos
@@ -206,6 +211,24 @@ class Playout:
         self._running.set()
         self._changed()
         return pos
+
+    def _skip_silence(self, most_s: float) -> None:
+        """Drop up to `most_s` of silence from the front of the queue, keeping its words (the text
+        of a piece dropped whole goes to the piece after it) and 20 ms before the next voice."""
+        left, words = most_s, ""
+        while self._queue:
+            p = self._queue[0]
+            start = voiced_from(p.pcm, p.rate)
+            if start is None and len(self._queue) > 1 and p.seconds <= left:
+                self._queue.popleft()
+                left -= p.seconds
+                words = f"{words} {p.text}".strip()
+                continue
+            voice_at = p.pcm.size if start is None else max(0, start - p.rate // 50)
+            cut = max(0, min(voice_at, int(left * p.rate), p.pcm.size - 1))
+            if cut or words:
+                self._queue[0] = _Piece(p.pcm[cut:], p.rate, f"{words} {p.text}".strip(), p.heard)
+            return
 
     def paused_position(self) -> float:
         """Reply seconds the far end played before it stopped. From its marks: into the last
@@ -318,6 +341,21 @@ class Playout:
         await self.transport.send_audio(AudioOut(piece.pcm, piece.rate, piece.cid, piece.text))
         self.sent_s += piece.seconds
         piece.sent = True
+
+
+SILENCE_DBFS = -45.0  # a 10 ms window of the voice this quiet (RMS) is a pause in it
+
+
+def voiced_from(pcm: np.ndarray, rate: int) -> int | None:
+    """The first sample of the first 10 ms window of `pcm` louder than `SILENCE_DBFS` (None: none is)."""
+    n = max(1, rate // 100)
+    x = pcm.astype(np.float32) / (32768.0 if np.issubdtype(pcm.dtype, np.integer) else 1.0)
+    m = x.size // n
+    if m == 0:
+        return 0 if x.size and float(np.sqrt(np.mean(x * x))) > 10 ** (SILENCE_DBFS / 20) else None
+    rms = np.sqrt(np.mean(x[:m * n].reshape(m, n) ** 2, axis=1))
+    loud = np.flatnonzero(rms > 10 ** (SILENCE_DBFS / 20))
+    return int(loud[0] * n) if loud.size else None
 
 
 def split_chunk(chunk: AudioChunk, piece_s: float) -> list[tuple[np.ndarray, str]]:

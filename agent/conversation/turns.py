@@ -41,7 +41,13 @@ States::
   was not one: `ResumeReply` plays on from where the audio paused, and the transcript is not a
   turn to answer (`DiscardTranscript`). The early decode of the speech over the bot, as soon
   as it stops (`on_early_words`, the decode its final reuses), decides sooner: words cut the
-  reply then, none resume it. Speech over the bot that lasts `brief_overlap_s` (a "yeah", an
+  reply then, none resume it. Sooner still, its words so far are looked at while it goes on
+  (`on_overlap_words`: a greedy decode on a short window, from `look_over_s` of speech on): a
+  backchannel, a hum, words calling someone else, or `wordless_over_s` heard as no words let the
+  reply go on while the speech is still said (other words in `looks_to_pause_again` looks in a
+  row pause it again; the decode at the silence and the final still cut it), and a look as the
+  speech stops that hears a backchannel lets it go on before that decode. Words a decode hears in place of a backchannel a look heard, in speech no longer than
+  one (`BACKCHANNEL_MAX_S`), do not cut it (`_disputed`). Speech over the bot that lasts `brief_overlap_s` (a "yeah", an
   "okay") and is followed by `brief_overlap_wait_s` of silence resumes the reply even before
   its words are known; it ends as a turn whose final decides later: words that interrupt cut the
   reply then (`CancelReply`) and are answered. Nor is speech followed by `false_interruption_s` of
@@ -107,6 +113,13 @@ Defaults, and why:
   lower bound leaves out the shortest lead words for the same reason. Its cost: a short real
   interruption ("Stop.") whose words are slower than the wait hears the bot go on until they
   come. `duplex bench overlap` measures it; agent/conversation/overlap.py has the styles that set it.
+- `look_over_s` 0.3, `looks_to_pause_again` 2, `wordless_over_s` 0.8: the bot pauses 0.12 s into
+  speech over it, so a backchannel leaves a silence under 0.5 s only if the reply is back within
+  ~0.6 s of its onset, and `duplex bench overlap`'s last 0.27-0.92 s. The decode at the silence
+  (beam 5, word times) took 230-430 ms on 2 vCPUs beside the voice; a look (greedy, a 2 s pad)
+  50-90 ms. Whisper heard the first 0.25 s of flite's "Wait, ..." as "Mm-hmm." in two of five
+  voices, and none of 25 interruptions' lead words as a backchannel at 0.35 s; a fragment of a
+  hum can read as words ("in a manner" for Piper's "Mm-hmm."), hence two looks to pause again.
 - `max_utterance_s` 25: Whisper decodes at most 30 s at once.
 - "combined" (the default): `text_weight` 3, `text_bias` 13, `threshold` 0.5, `min_wait_s` 0.1,
   chosen on `duplex bench turns` (82 complete, 150 incomplete utterances; a grid over weight
@@ -149,6 +162,16 @@ def interrupting_words(text: str, backchannels: tuple[str, ...] = ()) -> int:
                if any(ch.isalnum() for ch in w) and not NONLEXICAL.fullmatch(w) and w not in backchannels)
 
 
+def opens_with_backchannel(text: str, backchannels: tuple[str, ...] = ()) -> bool:
+    """`text`'s first word is a non-lexical sound or one of the `backchannels`."""
+    words = re.sub(r"\([^)]*\)|\[[^\]]*\]|\*[^*]*\*", " ", text).split()
+    return bool(words) and interrupting_words(words[0], backchannels) == 0
+
+
+# the longest a backchannel lasts (flite's "Mm-hmm." runs 1.0-1.2 s): speech over the bot no
+# longer than this that a look heard as one is one, whatever a later decode makes of it
+BACKCHANNEL_MAX_S = 1.2
+
 # words a listener says over a speaker to show they follow, not to take the turn: over the bot,
 # an utterance of these alone (and `NONLEXICAL` sounds) lets it go on
 BACKCHANNELS = ("yeah", "yep", "yup", "yes", "right", "okay", "ok", "sure", "alright", "cool", "wow", "nice",
@@ -185,6 +208,19 @@ class TurnConfig:
     brief_overlap_s: tuple[float, float] | None = (0.2, 0.8)
     # ... once this much silence follows it (longer than a comma's pause inside an interruption)
     brief_overlap_wait_s: float = 0.45
+    # speech over the paused bot is looked at while it is said (a quick decode of its words so
+    # far) once it has lasted this long: a backchannel, a hum or words calling someone else let
+    # the reply go on at once, before the speech ends (None: only its end decides). Sooner, a
+    # fragment misleads: Whisper heard the first 0.25 s of "Wait, ..." as "Mm-hmm." in two voices
+    look_over_s: float | None = 0.3
+    # ... and this many looks in a row with other words pause it again (a fragment of a hum can
+    # read as a word: "in a manner" for Piper's "Mm-hmm.")
+    looks_to_pause_again: int = 2
+    # ... and speech heard as no words at all for this long lets it go on too
+    wordless_over_s: float = 0.8
+    # ... and none is looked at after this much of it: a name is called first, a backchannel is
+    # over by then, and each look decodes all of it again (the decode at its end still decides)
+    look_until_s: float = 2.0
     # words over the bot that open by calling someone else ("Honey, ...") are side talk: they do
     # not cut it (`addressed_elsewhere`); `own_names`: the names the bot answers to
     side_talk: bool = True
@@ -237,7 +273,7 @@ class CancelReply:
 @dataclass(frozen=True)
 class ResumeReply:
     t: float  # the interruption was noise or a backchannel: play on from where the audio paused
-    words_due: bool = False  # a brief overlap's: its final is still due and may cut the reply
+    words_due: bool = False  # a brief overlap's, or one still said: its words may still cut the reply
 
 
 @dataclass(frozen=True)
@@ -256,6 +292,7 @@ class _Ended(NamedTuple):
     own: bool  # the utterance of an interruption (speech over the bot)
     resumed: bool  # ... a brief one, after which the reply went on
     peak: float  # its loudest frame (RMS)
+    hum: bool = False  # ... as long as a backchannel, and a look heard one in it
 
 
 class TurnMachine:
@@ -277,6 +314,9 @@ class TurnMachine:
         self._features = Features()  # what the policy knows of this silence
         self._resumable = False  # SpeechStopped sent in user_speaking: speech that goes on resumes
         self._interrupted_at: float | None = None  # the pause's time while the interruption's words are unknown
+        self._going_on = False  # the reply plays on over the speech still said: its words so far let it
+        self._looks_against = 0  # looks in a row that heard words go on from what let it go on
+        self._went_on_hum = False  # it went on for a backchannel's words (not a name, not no words)
         self._resume_to = State.BOT_SPEAKING  # the state a false interruption returns to
         self._finals: deque[_Ended] = deque(maxlen=16)  # the ended turns awaiting their finals
         self._user_peaks: deque[float] = deque(maxlen=8)  # the loudest frame of the user's last turns
@@ -285,6 +325,22 @@ class TurnMachine:
     def overlap_undecided(self) -> bool:
         """The bot is paused for speech over it whose words are not known yet."""
         return self._interrupted_at is not None
+
+    @property
+    def going_on(self) -> bool:
+        """The reply plays on over speech still being said, whose words so far let it."""
+        return self._going_on
+
+    @property
+    def overlap_open(self) -> bool:
+        """Speech over the bot whose words still decide: the bot paused for it, or going on over it."""
+        return self._interrupted_at is not None or self._going_on
+
+    def wants_overlap_words(self, t: float) -> bool:
+        """A look at the words so far of the speech over the bot would decide something now."""
+        c = self.config
+        return (c.look_over_s is not None and self.overlap_open and self.in_speech and self.state == State.INTERRUPTED
+                and c.look_over_s - 1e-9 <= t - self._utterance_start <= c.look_until_s)
 
     @property
     def vad_silence_s(self) -> float:
@@ -400,30 +456,68 @@ class TurnMachine:
         partial's stable prefix): enough of them over the bot (not backchannels) make the
         interruption real."""
         c = self.config
-        if (self._interrupted_at is None or interrupting_words(text, c.backchannels) < c.partial_words_to_interrupt
-                or self._below_the_user(self._peak_level) or (c.side_talk and may_call_someone(text, c.own_names))):
+        if (not self.overlap_open or interrupting_words(text, c.backchannels) < c.partial_words_to_interrupt
+                or self._below_the_user(self._peak_level) or (c.side_talk and may_call_someone(text, c.own_names))
+                or self._disputed(text, t - self._utterance_start)):
             return []  # a too quiet one, or one that may call someone else, waits for its final
         return self._confirm_interruption(t)
 
+    def on_overlap_words(self, t: float, text: str) -> list[Command]:
+        """The words so far of the speech over the bot (a quick look, `wants_overlap_words`). While
+        it is said, a look that hears a backchannel, a hum, words calling someone else, or no words
+        for `wordless_over_s`, lets the paused reply go on now (its words may still cut it), and
+        `looks_to_pause_again` looks in a row that hear other words pause it again. Once
+        it has stopped, one look that hears a backchannel or a hum lets it go on before the decode
+        at the silence (which its final reuses) has decided: that decode takes 2-4 times longer."""
+        c = self.config
+        if c.look_over_s is None or not self.overlap_open:
+            return []
+        if not self.in_speech:
+            if self._interrupted_at is None or self.state not in (State.INTERRUPTED, State.ENDPOINT_PENDING):
+                return []
+            if any(ch.isalnum() for ch in text) and interrupting_words(text, c.backchannels) == 0:
+                self._went_on_hum = True
+                return self._go_on(t)
+            return []  # no words is no backchannel yet: flite's kal "Wait, ..." is heard as none
+        if self.state != State.INTERRUPTED:
+            return []
+        lets = self._lets_go_on(text, t - self._utterance_start)  # None: nothing heard yet
+        if lets and not self._going_on:
+            self._interrupted_at, self._going_on = None, True
+            self._went_on_hum = any(ch.isalnum() for ch in text) and interrupting_words(text, c.backchannels) == 0
+            return [ResumeReply(t, words_due=True)]
+        # after a backchannel, words that go on from it ("Okay, but what ...") count, and words in
+        # place of it do not: Whisper makes them up over a long hum ("I am here", "I am a major")
+        goes_on_from_it = not self._went_on_hum or opens_with_backchannel(text, c.backchannels)
+        self._looks_against = self._looks_against + 1 if lets is False and goes_on_from_it and self._going_on else 0
+        if self._looks_against < c.looks_to_pause_again:
+            return []
+        self._looks_against = 0
+        self._going_on, self._went_on_hum, self._interrupted_at = False, False, t
+        return [PauseReply(t, self._utterance_start)]
+
     def on_early_words(self, t: float, text: str, t_speech_end: float) -> list[Command]:
-        """The words of the speech over the paused bot up to the silence that began at
-        `t_speech_end` (the early decode, which its final will reuse), while that silence goes
-        on: words that interrupt cut the reply now; none (a backchannel, a cough) let it go on
-        now, and its final only confirms it."""
-        if (self._interrupted_at is None or self.in_speech or t_speech_end != self._last_speech_end
+        """The words of the speech over the bot up to the silence that began at `t_speech_end`
+        (the early decode, which its final will reuse), while that silence goes on: words that
+        interrupt cut the reply now; none (a backchannel, a cough) let it go on now (or on, if it
+        went on while they were said), and its final only confirms it."""
+        if (not self.overlap_open or self.in_speech or t_speech_end != self._last_speech_end
                 or self.state not in (State.INTERRUPTED, State.ENDPOINT_PENDING)):
             return []
-        if self._interrupts(text) and not self._below_the_user(self._peak_level):
+        if (self._interrupts(text) and not self._below_the_user(self._peak_level)
+                and not self._disputed(text, self._last_speech_end - self._utterance_start)):
+            if self.config.side_talk and may_call_someone(text, self.config.own_names):
+                return []  # "Honey." at the pause after a name: the words after it tell
             return self._confirm_interruption(t)
         return self._go_on(t)
 
     def on_final(self, t: float, text: str) -> list[Command]:
         """The final transcript of the turn that ended first of those awaiting theirs."""
-        own, resumed, peak = self._finals.popleft() if self._finals else _Ended(False, False, 0.0)
+        own, resumed, peak, hum = self._finals.popleft() if self._finals else _Ended(False, False, 0.0)
         if own and resumed:  # a brief overlap the reply went on after
             words = self._interrupts(text)
             echo = bool(words) and self._below_the_user(peak)
-            if words and not echo:
+            if words and not echo and not (hum and not opens_with_backchannel(text, self.config.backchannels)):
                 return self._cut_resumed(t)
             return [DiscardTranscript(t, echo=echo)]
         if own and self._interrupted_at is not None:
@@ -459,8 +553,8 @@ class TurnMachine:
 
     def on_reply_finished(self, t: float) -> None:
         """The reply was fully played, or it failed: a paused one has nothing left to resume."""
-        if self._interrupted_at is not None:
-            self._interrupted_at = None
+        if self.overlap_open:
+            self._interrupted_at, self._going_on = None, False
             if self.state == State.INTERRUPTED:
                 self._go(t, State.USER_SPEAKING)  # the speech over it is an utterance like any other
         if self.state in (State.THINKING, State.BOT_SPEAKING):
@@ -537,6 +631,24 @@ class TurnMachine:
     def _side_talk(self, text: str) -> bool:
         return self.config.side_talk and addressed_elsewhere(text, self.config.own_names)
 
+    def _lets_go_on(self, text: str, spoken_s: float) -> bool | None:
+        """The words so far of speech over the bot that has lasted `spoken_s` let it go on (None:
+        no words heard, too soon to tell)."""
+        c = self.config
+        if not any(ch.isalnum() for ch in text):
+            return True if spoken_s >= c.wordless_over_s - 1e-9 else None
+        if c.side_talk and may_call_someone(text, c.own_names):
+            return True
+        return interrupting_words(text, c.backchannels) == 0
+
+    def _disputed(self, text: str, spoken_s: float) -> bool:
+        """Words of a decode that a look heard as a backchannel, in speech no longer than one,
+        that do not go on from a backchannel: two hearings of a brief sound disagree ("Go key." and
+        "Okay" for awb's "Okay."; "in a month." and "N m m" for Piper's "Mm-hmm."), and the bot
+        keeps the floor. Words after a backchannel ("Okay, stop.") are no dispute."""
+        return (self._went_on_hum and spoken_s <= BACKCHANNEL_MAX_S
+                and not opens_with_backchannel(text, self.config.backchannels))
+
     def _interrupts(self, text: str) -> int:
         """The words of speech over the bot that make it an interruption: none for backchannels
         and sounds, none for side talk."""
@@ -549,7 +661,10 @@ class TurnMachine:
                 and brief[0] - 1e-9 <= self._last_speech_end - self._utterance_start <= brief[1] + 1e-9)
 
     def _go_on(self, t: float) -> list[Command]:
-        """End the speech over the bot as a turn whose final decides later, and resume the reply."""
+        """End the speech over the bot as a turn whose final decides later, and resume the reply
+        (unless it went on while the speech was said)."""
+        if self._going_on:
+            return self._end_turn(t, self._last_speech_end)
         out = self._end_turn(t, self._last_speech_end, resumed=True)
         return out + self._resume(t, words_due=True)
 
@@ -570,7 +685,7 @@ class TurnMachine:
         return []
 
     def _confirm_interruption(self, t: float) -> list[Command]:
-        self._interrupted_at = None
+        self._interrupted_at, self._going_on, self._went_on_hum = None, False, False
         if self.state == State.INTERRUPTED:
             self._go(t, State.USER_SPEAKING)
         return [CancelReply(t)]
@@ -580,13 +695,18 @@ class TurnMachine:
         self._paused = False
         self._resumable = False
         self._features = Features()
-        self._finals.append(_Ended(self._interrupted_at is not None, resumed, self._peak_level))
-        self._go(t, State.THINKING)
+        hum = self._went_on_hum and t_speech_end - self._utterance_start <= BACKCHANNEL_MAX_S
+        self._finals.append(_Ended(self.overlap_open, resumed or self._going_on, self._peak_level, hum))
+        # the reply that went on over the speech plays on; else the bot has the turn to think
+        self._go(t, self._resume_to if self._going_on else State.THINKING)
+        self._going_on = self._went_on_hum = False
         return [EndOfTurn(t_speech_end)]
 
     def _start_user(self, t: float, state: State) -> StartUtterance:
         self._go(t, state)
         self._peak_level = self._run_peak  # the frames that opened it count
+        self._looks_against = 0
+        self._went_on_hum = False
         self._paused = False
         self._features = Features()
         self._utterance_start = t - self._speech_run  # start of the speech run that opened it

@@ -156,6 +156,7 @@ class Ev:
     FINAL = "final"
     PARTIAL_DECODE = "partial_decode"
     PAUSE_DECODE = "pause_decode"
+    OVERLAP_LOOK = "overlap_look"  # a quick decode of the words said so far over the bot
     FINAL_DECODE = "final_decode"
     STEP = "step"
     GAP = "gap"
