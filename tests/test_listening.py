@@ -425,3 +425,24 @@ def test_a_brief_overlap_is_looked_at_as_it_stops_before_its_decode():
     # a turn of the user's own is not looked at
     d = Driver(endpointing=RulesPolicy()).frames("#" * 20 + ".")
     assert not d.of(LookAtOverlap)
+
+
+def test_words_that_cut_the_reply_at_a_silence_are_judged_as_the_end_of_a_turn():
+    """The decode at the silence after "Wait, what is the capital of France?" cuts the reply;
+    the same silence then ends the turn as any other (no waiting for the longest wait)."""
+    d = Driver(endpointing=RulesPolicy()).frames("#" * 20 + ".").early().audio(0.9)
+    d.decoded("tell me a story").frames("." * 7).final("tell me a story").bot_speaks()
+    d.frames("#" * 60 + ".").looked("Wait, what is the capital").early().audio(0.9)
+    n = len(d.log)
+    d.decoded("Wait, what is the capital of France?")
+    assert d.kinds(n)[:2] == [UserBargedIn, StateChange]
+    assert PauseTranscript in d.kinds(n), "the interruption's words are offered to speculate on"
+    d.frames("." * 7)
+    assert d.ended, "the turn ended at the pause, on smart-turn's verdict"
+    # the combined policy asks the text turn model about them
+    d = Driver(endpointing=CombinedPolicy()).frames("#" * 20 + ".").early().decoded("tell me a story").text(0.9)
+    d.frames("." * 7).final("tell me a story").bot_speaks()
+    d.frames("#" * 60 + ".").looked("Wait, what is the capital").early()
+    n = len(d.log)
+    d.decoded("Wait, what is the capital of France?")
+    assert d.kinds(n)[:2] == [UserBargedIn, StateChange] and CheckTextTurn in d.kinds(n)

@@ -35,7 +35,12 @@ The rules, and why:
 - Speech over the bot is looked at (`LookAtOverlap`, a quick decode of the words so far) while
   the turn machine wants it (`wants_overlap_words`), one look at a time, each on `look_every_s`
   of new audio; and once as it stops, before its early decode, while the bot is paused for it:
-  a look takes a fraction of the decode's time, and a backchannel then goes on sooner.
+  a look takes a fraction of the decode's time, and a backchannel then goes on sooner. A
+  look's words never cut the reply: its window is short, and it hears words in quiet side talk
+  that the decode hears as none.
+- Words that cut the reply at a silence (the early decode of speech over the bot) make it a
+  turn of the user's own, whose end that silence then judges as any other's: else the
+  interruption's question waited the policy's longest wait.
 - An `audio_first` policy asks smart-turn at that silence, alone, before the decode (beside it
   or the LLM's prompt it would take the cores they need), and again at the pause unless asked for
   this silence; one check runs at a time. The combined policy asks it after the text score, and
@@ -371,7 +376,9 @@ class ListenMachine:
             for c in self.turns.on_early_words(self.t_audio, "" if echo else text, t_speech_end):
                 yield from self._carry(c)
             yield from self.report_state()
-            return
+            if self.turns.overlap_open or not self._open_turn():
+                return
+            # they cut the reply: a turn of the user's own now, whose end is judged as any other's
         if self._silent_since(t_speech_end):
             if self.policy.audio_first:
                 yield from self._ask_audio(t_speech_end)  # if the model was busy with an earlier silence
