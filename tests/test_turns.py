@@ -535,3 +535,12 @@ def test_a_policy_of_one_s_own_drives_the_machine():
     assert EndOfTurn not in d2.kinds()
     d2.frames("." * 4)
     assert d2.kinds()[-1] == EndOfTurn
+
+
+def test_an_interruptions_lead_words_alone_are_told():
+    from agent.conversation.turns import BACKCHANNELS, only_lead_words
+
+    for lead in ("Hold on.", "Wait.", "Sorry,", "Okay, stop.", "Um, wait, wait.", "Excuse me."):
+        assert only_lead_words(lead, BACKCHANNELS), lead
+    for words in ("Hold on, how many legs?", "Wait, what is it?", "Yeah.", "", "The stop sign."):
+        assert not only_lead_words(words, BACKCHANNELS), words

@@ -39,8 +39,10 @@ The rules, and why:
   look's words never cut the reply: its window is short, and it hears words in quiet side talk
   that the decode hears as none.
 - Words that cut the reply at a silence (the early decode of speech over the bot) make it a
-  turn of the user's own, whose end that silence then judges as any other's: else the
-  interruption's question waited the policy's longest wait.
+  turn of the user's own, whose end that silence then judges as any other's (else the
+  interruption's question waited the policy's longest wait), unless they are only an
+  interruption's lead words ("Hold on.", `only_lead_words`): the text model calls those
+  complete, and the user goes on after them.
 - An `audio_first` policy asks smart-turn at that silence, alone, before the decode (beside it
   or the LLM's prompt it would take the cores they need), and again at the pause unless asked for
   this silence; one check runs at a time. The combined policy asks it after the text score, and
@@ -65,7 +67,7 @@ from dataclasses import dataclass, replace
 from agent.conversation.endpointing import EndOfTurnPolicy
 from agent.conversation.turns import (
     CancelReply, DiscardTranscript, EndOfTurn, PauseReply, ResumeReply, SpeechPaused, SpeechResumed, SpeechStopped,
-    StartUtterance, State, TurnConfig, TurnMachine)
+    StartUtterance, State, TurnConfig, TurnMachine, only_lead_words)
 from agent.tracing.trace import Ev
 from asr.base import Word
 from tts.chunking import ends_sentence
@@ -376,8 +378,8 @@ class ListenMachine:
             for c in self.turns.on_early_words(self.t_audio, "" if echo else text, t_speech_end):
                 yield from self._carry(c)
             yield from self.report_state()
-            if self.turns.overlap_open or not self._open_turn():
-                return
+            if self.turns.overlap_open or not self._open_turn() or only_lead_words(text, self.config.turns.backchannels):
+                return  # (after "Hold on," alone the user goes on: the longest wait, not a verdict)
             # they cut the reply: a turn of the user's own now, whose end is judged as any other's
         if self._silent_since(t_speech_end):
             if self.policy.audio_first:

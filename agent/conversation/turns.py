@@ -168,6 +168,16 @@ def opens_with_backchannel(text: str, backchannels: tuple[str, ...] = ()) -> boo
     return bool(words) and interrupting_words(words[0], backchannels) == 0
 
 
+# words that open an interruption and ask the bot to wait for what follows ("Hold on, how many
+# ...", "Wait, what ...", "Sorry, what ..."): said alone before a pause, the user is going on
+LEAD_WORDS = re.compile(r"\b(?:stop|wait|hold on|hang on|hold up|sorry|excuse me|pause)\b", re.IGNORECASE)
+
+
+def only_lead_words(text: str, backchannels: tuple[str, ...] = ()) -> bool:
+    """`text` holds lead words (`LEAD_WORDS`) and nothing else but sounds and backchannels."""
+    return bool(LEAD_WORDS.search(text)) and interrupting_words(LEAD_WORDS.sub(" ", text), backchannels) == 0
+
+
 # the longest a backchannel lasts (flite's "Mm-hmm." runs 1.0-1.2 s): speech over the bot no
 # longer than this that a look heard as one is one, whatever a later decode makes of it
 BACKCHANNEL_MAX_S = 1.2
