@@ -166,7 +166,7 @@ def test_words_after_the_reply_went_on_over_them_pause_it_again_and_cut_it():
     assert d.m.on_words(d.t, "yeah but why did the king") == [CancelReply(d.t)]
 
 
-def test_side_talk_and_wordless_speech_let_the_reply_go_on_while_they_are_said():
+def test_side_talk_lets_the_reply_go_on_while_it_is_said_and_no_words_do_not():
     d = speaking().frames("#" * 10)
     start = next(c for c in d.log if isinstance(c, PauseReply)).t_speech_start
     assert looks(d, "Honey can") == [ResumeReply(d.t, words_due=True)]  # calls someone else
@@ -184,11 +184,12 @@ def test_side_talk_and_wordless_speech_let_the_reply_go_on_while_they_are_said()
     d.frames("#" * 30 + "..")
     assert d.m.on_early_words(d.t, "Honey, can you grab my keys?", d.log[-1].t_speech_end) == [
         EndOfTurn(d.log[-1].t_speech_end)] and d.m.state == B
-    # speech heard as no words: paused until it has lasted `wordless_over_s`
+    # speech heard as no words, however long, stays paused: over a phone line a look hears none in
+    # a caller's "Wait, wait. Stop ..." in turns with "Wait"
     d = speaking().frames("#" * 10)
     assert looks(d, "", "", "") == []
     d.frames("#" * 15)  # 0.83 s
-    assert looks(d, "") == [ResumeReply(d.t, words_due=True)]
+    assert looks(d, "", "Wait, wait", "") == [] and d.m.overlap_undecided
     # none of it with looks off
     d = speaking(look_over_s=None).frames("#" * 30)
     assert not d.m.wants_overlap_words(d.t) and looks(d, "Yeah.", "Yeah.") == []

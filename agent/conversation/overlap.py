@@ -9,8 +9,8 @@ machine's overlap settings (agent/conversation/turns.py, `TurnConfig`) and nothi
 - `balanced` (the default): speech far below the user's own level (a TV, a voice across the
   room, the echo) neither pauses nor cuts the bot; backchannel words do not cut it, nor words
   that open by calling someone else ("Honey, ..."); the words of speech over it are looked at
-  while it is said (from 0.3 s on), and a backchannel, a hum, words calling someone else, or
-  0.8 s heard as no words let it go on at once; speech over it that is brief (0.2-0.8 s) lets
+  while it is said (from 0.3 s on), and a backchannel, a hum or words calling someone else let
+  it go on at once; speech over it that is brief (0.2-0.8 s) lets
   it go on 0.45 s after it ends if its words are not known by then (they still cut the reply if
   they interrupt).
 - `floor-holding`: as balanced, but the bot only yields to 0.5 s of speech (LiveKit's

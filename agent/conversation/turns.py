@@ -43,8 +43,8 @@ States::
   as it stops (`on_early_words`, the decode its final reuses), decides sooner: words cut the
   reply then, none resume it. Sooner still, its words so far are looked at while it goes on
   (`on_overlap_words`: a greedy decode on a short window, from `look_over_s` of speech on): a
-  backchannel, a hum, words calling someone else, or `wordless_over_s` heard as no words let the
-  reply go on while the speech is still said (other words in `looks_to_pause_again` looks in a
+  backchannel, a hum or words calling someone else let the reply go on while the speech is
+  still said (other words in `looks_to_pause_again` looks in a
   row pause it again; the decode at the silence and the final still cut it), and a look as the
   speech stops that hears a backchannel lets it go on before that decode. Words a decode hears in place of a backchannel a look heard, in speech no longer than
   one (`BACKCHANNEL_MAX_S`), do not cut it (`_disputed`). Speech over the bot that lasts `brief_overlap_s` (a "yeah", an
@@ -113,7 +113,7 @@ Defaults, and why:
   lower bound leaves out the shortest lead words for the same reason. Its cost: a short real
   interruption ("Stop.") whose words are slower than the wait hears the bot go on until they
   come. `duplex bench overlap` measures it; agent/conversation/overlap.py has the styles that set it.
-- `look_over_s` 0.3, `looks_to_pause_again` 2, `wordless_over_s` 0.8: the bot pauses 0.12 s into
+- `look_over_s` 0.3, `looks_to_pause_again` 2: the bot pauses 0.12 s into
   speech over it, so a backchannel leaves a silence under 0.5 s only if the reply is back within
   ~0.6 s of its onset, and `duplex bench overlap`'s last 0.27-0.92 s. The decode at the silence
   (beam 5, word times) took 230-430 ms on 2 vCPUs beside the voice; a look (greedy, a 2 s pad)
@@ -226,8 +226,6 @@ class TurnConfig:
     # ... and this many looks in a row with other words pause it again (a fragment of a hum can
     # read as a word: "in a manner" for Piper's "Mm-hmm.")
     looks_to_pause_again: int = 2
-    # ... and speech heard as no words at all for this long lets it go on too
-    wordless_over_s: float = 0.8
     # ... and none is looked at after this much of it: a name is called first, a backchannel is
     # over by then, and each look decodes all of it again (the decode at its end still decides)
     look_until_s: float = 2.0
@@ -474,8 +472,8 @@ class TurnMachine:
 
     def on_overlap_words(self, t: float, text: str) -> list[Command]:
         """The words so far of the speech over the bot (a quick look, `wants_overlap_words`). While
-        it is said, a look that hears a backchannel, a hum, words calling someone else, or no words
-        for `wordless_over_s`, lets the paused reply go on now (its words may still cut it), and
+        it is said, a look that hears a backchannel, a hum or words calling someone else lets the
+        paused reply go on now (its words may still cut it), and
         `looks_to_pause_again` looks in a row that hear other words pause it again. Once
         it has stopped, one look that hears a backchannel or a hum lets it go on before the decode
         at the silence (which its final reuses) has decided: that decode takes 2-4 times longer."""
@@ -491,7 +489,7 @@ class TurnMachine:
             return []  # no words is no backchannel yet: flite's kal "Wait, ..." is heard as none
         if self.state != State.INTERRUPTED:
             return []
-        lets = self._lets_go_on(text, t - self._utterance_start)  # None: nothing heard yet
+        lets = self._lets_go_on(text)  # None: nothing heard
         if lets and not self._going_on:
             self._interrupted_at, self._going_on = None, True
             self._went_on_hum = any(ch.isalnum() for ch in text) and interrupting_words(text, c.backchannels) == 0
@@ -641,12 +639,13 @@ class TurnMachine:
     def _side_talk(self, text: str) -> bool:
         return self.config.side_talk and addressed_elsewhere(text, self.config.own_names)
 
-    def _lets_go_on(self, text: str, spoken_s: float) -> bool | None:
-        """The words so far of speech over the bot that has lasted `spoken_s` let it go on (None:
-        no words heard, too soon to tell)."""
+    def _lets_go_on(self, text: str) -> bool | None:
+        """The words so far of speech over the bot let it go on (None: no words heard). No words is
+        no sign: a look hears none in a caller's "Wait, wait. Stop ..." over a phone line, in turns
+        with "Wait"."""
         c = self.config
         if not any(ch.isalnum() for ch in text):
-            return True if spoken_s >= c.wordless_over_s - 1e-9 else None
+            return None
         if c.side_talk and may_call_someone(text, c.own_names):
             return True
         return interrupting_words(text, c.backchannels) == 0
