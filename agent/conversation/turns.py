@@ -44,10 +44,11 @@ States::
   reply then, none resume it. Sooner still, its words so far are looked at while it goes on
   (`on_overlap_words`: a greedy decode on a short window, from `look_over_s` of speech on): a
   backchannel, a hum or words calling someone else let the reply go on while the speech is
-  still said (other words in `looks_to_pause_again` looks in a
-  row pause it again; the decode at the silence and the final still cut it), and a look as the
-  speech stops that hears a backchannel lets it go on before that decode. Words a decode hears in place of a backchannel a look heard, in speech no longer than
-  one (`BACKCHANNEL_MAX_S`), do not cut it (`_disputed`). Speech over the bot that lasts `brief_overlap_s` (a "yeah", an
+  still said (other words in `looks_to_pause_again` looks in a row pause it again; the decode at
+  the silence and the final still cut it), and a look as the speech stops that hears a
+  backchannel lets it go on before that decode. Words a decode hears in place of a backchannel a
+  look heard, in speech no longer than one (`BACKCHANNEL_MAX_S`), do not cut it (`_disputed`).
+  Speech over the bot that lasts `brief_overlap_s` (a "yeah", an
   "okay") and is followed by `brief_overlap_wait_s` of silence resumes the reply even before
   its words are known; it ends as a turn whose final decides later: words that interrupt cut the
   reply then (`CancelReply`) and are answered. Nor is speech followed by `false_interruption_s` of
@@ -152,19 +153,28 @@ from agent.conversation.endpointing import CombinedPolicy, EndOfTurnPolicy, Feat
 NONLEXICAL = re.compile(r"[mhn]+s?|m+h+u+h+|(?:u+h+)+|u+m+|a+h+|o+h+|e+r+m*")
 
 
+# a recognizer's sound tags: "(coughs)", "[BLANK_AUDIO]", "*laughs*"
+SOUND_TAGS = re.compile(r"\([^)]*\)|\[[^\]]*\]|\*[^*]*\*")
+
+
 def interrupting_words(text: str, backchannels: tuple[str, ...] = ()) -> int:
     """The words of `text` that make speech over the bot an interruption: all but non-lexical
     sounds (`NONLEXICAL`), the `backchannels` given (lowercase words), and a recognizer's sound
     tags ("(coughs)", "[BLANK_AUDIO]")."""
-    text = re.sub(r"\([^)]*\)|\[[^\]]*\]|\*[^*]*\*", " ", text)
+    text = SOUND_TAGS.sub(" ", text)
     words = (re.sub(r"[^\w']", "", w).lower() for w in text.split())
     return sum(1 for w in words
                if any(ch.isalnum() for ch in w) and not NONLEXICAL.fullmatch(w) and w not in backchannels)
 
 
+def only_backchannels(text: str, backchannels: tuple[str, ...] = ()) -> bool:
+    """`text` holds words, and all of them are non-lexical sounds or `backchannels`."""
+    return any(ch.isalnum() for ch in text) and interrupting_words(text, backchannels) == 0
+
+
 def opens_with_backchannel(text: str, backchannels: tuple[str, ...] = ()) -> bool:
     """`text`'s first word is a non-lexical sound or one of the `backchannels`."""
-    words = re.sub(r"\([^)]*\)|\[[^\]]*\]|\*[^*]*\*", " ", text).split()
+    words = SOUND_TAGS.sub(" ", text).split()
     return bool(words) and interrupting_words(words[0], backchannels) == 0
 
 
@@ -473,9 +483,8 @@ class TurnMachine:
     def on_overlap_words(self, t: float, text: str) -> list[Command]:
         """The words so far of the speech over the bot (a quick look, `wants_overlap_words`). While
         it is said, a look that hears a backchannel, a hum or words calling someone else lets the
-        paused reply go on now (its words may still cut it), and
-        `looks_to_pause_again` looks in a row that hear other words pause it again. Once
-        it has stopped, one look that hears a backchannel or a hum lets it go on before the decode
+        paused reply go on now (its words may still cut it), and `looks_to_pause_again` looks in a
+        row that hear other words pause it again. Once it has stopped, one look that hears a backchannel or a hum lets it go on before the decode
         at the silence (which its final reuses) has decided: that decode takes 2-4 times longer."""
         c = self.config
         if c.look_over_s is None or not self.overlap_open:
@@ -483,7 +492,7 @@ class TurnMachine:
         if not self.in_speech:
             if self._interrupted_at is None or self.state not in (State.INTERRUPTED, State.ENDPOINT_PENDING):
                 return []
-            if any(ch.isalnum() for ch in text) and interrupting_words(text, c.backchannels) == 0:
+            if only_backchannels(text, c.backchannels):
                 self._went_on_hum = True
                 return self._go_on(t)
             return []  # no words is no backchannel yet: flite's kal "Wait, ..." is heard as none
@@ -492,7 +501,7 @@ class TurnMachine:
         lets = self._lets_go_on(text)  # None: nothing heard
         if lets and not self._going_on:
             self._interrupted_at, self._going_on = None, True
-            self._went_on_hum = any(ch.isalnum() for ch in text) and interrupting_words(text, c.backchannels) == 0
+            self._went_on_hum = only_backchannels(text, c.backchannels)
             return [ResumeReply(t, words_due=True)]
         # after a backchannel, words that go on from it ("Okay, but what ...") count, and words in
         # place of it do not: Whisper makes them up over a long hum ("I am here", "I am a major")
