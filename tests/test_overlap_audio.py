@@ -2,7 +2,10 @@
 across the room, 20 dB below the user's own turn, says a sentence over the story: the bot neither
 pauses nor answers it (`TurnConfig.echo_level_db`); the same sentence at the user's level pauses it
 at once (`duplex bench overlap` measures both over many voices). A long "Mm-hmm." at the user's
-level pauses it, and it goes on while the hum is still said (`TurnConfig.look_over_s`)."""
+level pauses it, and it goes on while the hum is still said (`TurnConfig.look_over_s`). A request
+the user says turned away from the microphone (4 dB quieter, in a room's reverberation) lets it go
+on while said and is not answered; the same words as quiet, said into the microphone, cut it
+(`TurnConfig.turned_away`)."""
 import asyncio
 import subprocess
 
@@ -16,6 +19,7 @@ pytestmark = pytest.mark.models
 
 STORY = "Please tell me a long story about a brave little dragon."
 ACROSS_THE_ROOM = "The weather tomorrow will be sunny, with a high of seventy degrees."
+SIDE_TALK = "Can you close the window? It's getting cold in here."  # by its words, a request to the bot
 
 
 def other_voice(text: str, path, gain_db: float) -> np.ndarray:
@@ -85,3 +89,34 @@ def test_a_long_hum_lets_the_story_go_on_before_it_ends_and_is_no_turn(tmp_path)
     first = session.records[0]
     assert first.reply_text and not first.interrupted and first.heard_text == first.reply_text
     assert [m["role"] for m in session.history] == ["user", "assistant"], "the hum was answered"
+
+
+def turned_away(tmp_path, room: bool) -> np.ndarray:
+    """SIDE_TALK in the user's own voice, 4 dB below their turn, through a room (RT60 0.3-0.5 s,
+    `duplex bench overlap`'s) or not."""
+    from agent.bench.overlap import room as through_a_room
+    from agent.bench.overlap import set_level, speech_level_db
+
+    level = speech_level_db(say(STORY, tmp_path / "p.wav")) - 4.0
+    said = say(SIDE_TALK, tmp_path / "t.wav")
+    return set_level(through_a_room(said, np.random.default_rng(3)) if room else said, level)
+
+
+def test_a_request_said_to_someone_across_the_room_lets_the_story_go_on_and_is_no_turn(tmp_path):
+    from agent.tracing.trace import Ev
+
+    session, tracer = run(tmp_path, turned_away(tmp_path, room=True))
+    events = tracer.events()
+    paused = next(e for e in events if e.name == Ev.REPLY_PAUSED)
+    resumed = next(e for e in events if e.name == Ev.RESUME and e.ts_ns > paused.ts_ns)
+    said_end = next(e for e in events if e.name == Ev.USER_SPEECH_END and e.ts_ns > paused.ts_ns)
+    assert resumed.ts_ns < said_end.ts_ns, "the story waited for the end of the side talk"
+    first = session.records[0]
+    assert first.reply_text and not first.interrupted and first.heard_text == first.reply_text
+    assert [m["role"] for m in session.history] == ["user", "assistant"], "the side talk was answered"
+
+
+def test_the_same_request_as_quiet_said_into_the_microphone_cuts_the_story(tmp_path):
+    session, tracer = run(tmp_path, turned_away(tmp_path, room=False))
+    assert session.records[0].interrupted
+    assert [m["role"] for m in session.history][:3] == ["user", "assistant", "user"], "it was not taken as a turn"

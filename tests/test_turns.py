@@ -17,11 +17,16 @@ class Driver:
         self.log: list = []
 
     def frames(self, pattern: str, level: float | None = None):
-        """'#' speech, '.' silence: one 32 ms VAD frame each; `level`: the speech frames' RMS."""
+        """'#' speech, '.' silence: one 32 ms VAD frame each; `level`: the speech frames' RMS.
+        '~': speech 12 dB below `level` (a room's reverberation filling the gap between two
+        syllables), '_': speech 30 dB below it (the same gap said into the microphone). With a
+        `level`, each frame's two level steps (`turned_away.STEP_S`) are its level."""
         for ch in pattern:
             self.t = round(self.t + F, 6)
-            speech = ch == "#"
-            self.log += self.m.on_vad(self.t, 0.9 if speech else 0.05, F, level if speech else 0.001)
+            speech = ch in "#~_"
+            lv = 0.001 if not speech or level is None else level * {"#": 1.0, "~": 0.25, "_": 0.03}[ch]
+            steps = () if level is None else (lv, lv)
+            self.log += self.m.on_vad(self.t, 0.9 if speech else 0.05, F, level if ch == "#" else lv, steps)
         return self
 
     def eou(self, p):
@@ -178,6 +183,54 @@ def test_a_backchannel_word_over_the_bot_lets_it_go_on_and_a_real_one_stops_it()
     d.frames("#" * 30 + "." * 8, level=0.3).eou(0.9)
     d.log += d.m.on_final(d.t, "Yeah.")
     assert d.kinds()[-1] == CancelReply
+
+
+def test_speech_over_the_bot_quieter_and_more_reverberant_than_the_user_is_side_talk():
+    # the user turned away from the microphone to ask someone else: 3.5 dB below their turn, the
+    # gaps between syllables filled by the room (falls of 12 dB where their turn fell 50 dB)
+    d = speaking_bot(user_level=0.3)
+    n = len(d.log)
+    d.frames("#~" * 6, level=0.2)  # 0.38 s: paused, not judged yet
+    assert d.kinds()[n:] == [PauseReply, StartUtterance] and d.m.overlap_undecided
+    d.frames("#", level=0.2)  # 0.4 s: the reply goes on while it is said
+    assert d.log[-1] == ResumeReply(d.t, words_due=True) and d.m.going_on
+    assert d.m.on_overlap_words(d.t, "Can you close the window") == []  # by words, a request
+    assert d.m.on_words(d.t, "Can you close the window") == []
+    d.frames("~#" * 20 + "." * 8, level=0.2).eou(0.9)
+    assert d.kinds()[-1] == EndOfTurn and d.m.state == B
+    d.log += d.m.on_final(d.t, "Can you close the window? It's getting cold in here.")
+    assert d.kinds()[-1] == DiscardTranscript and d.m.state == B, "it was taken for a turn"
+    # words that ask the bot to stop or wait are for it, wherever the user faces
+    d = speaking_bot(user_level=0.3)
+    d.frames("#~" * 7, level=0.2)
+    assert d.m.going_on
+    start = next(c for c in d.log if isinstance(c, PauseReply)).t_speech_start
+    assert d.m.on_overlap_words(d.t, "Wait, stop") == []
+    d.frames("#", level=0.2)
+    assert d.m.on_overlap_words(d.t, "Wait, stop the story") == [PauseReply(d.t, start)]
+    d.frames("~#" * 5 + "." * 8, level=0.2).eou(0.9)
+    d.log += d.m.on_final(d.t, "Wait, stop the story.")
+    assert d.kinds()[-1] == CancelReply and d.m.state == T
+
+
+def test_quiet_dry_or_reverberant_loud_speech_over_the_bot_is_the_users():
+    for level, said in ((0.2, "#_" * 7), (0.3, "#~" * 7)):  # quieter but said into the mic; as loud as the user
+        d = speaking_bot(user_level=0.3)
+        n = len(d.log)
+        d.frames(said + "#" * 10, level=level)
+        assert d.kinds()[n:] == [PauseReply, StartUtterance] and d.m.overlap_undecided, said
+        d.frames("." * 8, level=level).eou(0.9)
+        d.log += d.m.on_final(d.t, "Can you close the window?")
+        assert d.kinds()[-1] == CancelReply, said
+    # nothing to compare with (a greeting), or the judgement off: the bot waits for the words
+    for d in (speaking_bot(user_level=None), Driver(turned_away=None)):
+        if d.m.state != B:
+            d.frames("#" * 20 + "." * 8, level=0.3).eou(0.9)
+            d.log += d.m.on_final(d.t, "tell me a story")
+            d.m.on_reply_started(d.t)
+        n = len(d.log)
+        d.frames("#~" * 12, level=0.2)
+        assert d.kinds()[n:] == [PauseReply, StartUtterance] and d.m.overlap_undecided
 
 
 def test_without_a_turn_of_the_users_any_words_over_the_bot_interrupt():

@@ -31,6 +31,7 @@ from agent.conversation.listening import (
     PauseTranscript,
     QueueEarlyDecode, ReadAhead, RecognizerLost, Speaking, SpokeOver, StateChange, StopReadAhead, Transcript,
     TurnEnded, UserBargedIn, UserResumed, UserSpokeOver, UserStarted, UserStopped, UserTranscript)
+from agent.conversation.turned_away import STEP_S
 from agent.conversation.turns import State, TurnMachine
 from agent.tracing.trace import Ev, Stage
 from agent.workers import cancel_and_wait, run_in
@@ -50,6 +51,7 @@ __all__ = ["Listener", "ListenerConfig", "ListenerEvent", "StateChange", "UserSt
 
 log = logging.getLogger("duplex.listener")
 VAD_FRAME_S = VAD_FRAME / VAD_RATE
+STEPS_PER_FRAME = round(VAD_FRAME_S / STEP_S)  # the turned-away judgement's level steps in a VAD frame
 
 
 class Listener:
@@ -142,7 +144,8 @@ class Listener:
         await self._feed_recognizer(ev, x)
         probs = await run_in("vad", self._vad, x)
         levels = self._recent.window_levels(len(probs), VAD_FRAME)
-        await self._carry_out(self.machine.on_vad(probs, levels, x.size / VAD_RATE, VAD_FRAME_S))
+        steps = self._recent.window_levels(len(probs) * STEPS_PER_FRAME, VAD_FRAME // STEPS_PER_FRAME)
+        await self._carry_out(self.machine.on_vad(probs, levels, x.size / VAD_RATE, VAD_FRAME_S, steps))
 
     async def _feed_recognizer(self, ev: AudioIn, x16: np.ndarray) -> None:
         rate = self.stream.sample_rate

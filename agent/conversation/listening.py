@@ -340,15 +340,19 @@ class ListenMachine:
         """`seconds` more audio arrived (at the VAD's rate): the stream clock."""
         self.t_audio += seconds
 
-    def on_vad(self, probs, levels, chunk_s: float, frame_s: float) -> Commands:
+    def on_vad(self, probs, levels, chunk_s: float, frame_s: float, steps=()) -> Commands:
         """The VAD frames of the last `chunk_s` of audio (`on_audio`'d already): their speech
-        probabilities and levels (RMS; fewer levels than frames: the last go without)."""
+        probabilities and levels (RMS; fewer levels than frames: the last go without), and the
+        levels of their `turned_away.STEP_S` steps (`steps`, in order, a whole number per frame).
+        """
         t_first = self.t_audio - chunk_s
+        per = len(steps) // len(probs) if probs else 0
         commands = []
         for i, p in enumerate(probs):
             # frames complete at roughly the end of this chunk; spread them back over it
             t = max(t_first, self.t_audio - (len(probs) - 1 - i) * frame_s)
-            commands += self.turns.on_vad(t, p, frame_s, levels[i] if i < len(levels) else None)
+            commands += self.turns.on_vad(t, p, frame_s, levels[i] if i < len(levels) else None,
+                                          tuple(steps[i * per:(i + 1) * per]))
         for c in commands:
             yield from self._carry(c)
         yield Speaking(self.turns.in_speech)

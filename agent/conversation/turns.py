@@ -48,7 +48,9 @@ States::
   the silence and the final still cut it), and a look as the speech stops that hears a
   backchannel lets it go on before that decode. Words a decode hears in place of a backchannel a
   look heard, in speech no longer than one (`BACKCHANNEL_MAX_S`), do not cut it (`_disputed`).
-  Speech over the bot that lasts `brief_overlap_s` (a "yeah", an
+  Speech over the bot quieter and more reverberant than the user's own turns (`turned_away`:
+  said to someone else in the room) lets the reply go on while it is said, and its words cut it
+  only if they ask it to stop or wait. Speech over the bot that lasts `brief_overlap_s` (a "yeah", an
   "okay") and is followed by `brief_overlap_wait_s` of silence resumes the reply even before
   its words are known; it ends as a turn whose final decides later: words that interrupt cut the
   reply then (`CancelReply`) and are answered. Nor is speech followed by `false_interruption_s` of
@@ -142,8 +144,9 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import NamedTuple
 
-from agent.conversation.addressing import addressed_elsewhere, may_call_someone
+from agent.conversation.addressing import HOLD_WORDS, addressed_elsewhere, may_call_someone
 from agent.conversation.endpointing import CombinedPolicy, EndOfTurnPolicy, Features
+from agent.conversation.turned_away import SharpestFall, TurnedAway
 
 
 # the sounds people make over a speaker to show they listen, and fillers, however a recognizer
@@ -243,6 +246,10 @@ class TurnConfig:
     # not cut it (`addressed_elsewhere`); `own_names`: the names the bot answers to
     side_talk: bool = True
     own_names: tuple[str, ...] = ()
+    # speech over the bot quieter and more reverberant than the user's own turns is said to
+    # someone else in the room: it lets the reply go on and is no turn, unless its words ask the
+    # bot to stop or wait (agent/conversation/turned_away.py; None: the sound is not judged)
+    turned_away: TurnedAway | None = field(default_factory=TurnedAway)
     max_utterance_s: float = 25.0
     preroll_s: float = 0.3  # audio before the detected speech start that the recognizer gets
     quiet_db: float | None = -35.0  # the early-decode hint (None: off), below the utterance's peak
@@ -311,6 +318,8 @@ class _Ended(NamedTuple):
     resumed: bool  # ... a brief one, after which the reply went on
     peak: float  # its loudest frame (RMS)
     hum: bool = False  # ... as long as a backchannel, and a look heard one in it
+    fall: float = 0.0  # its sharpest fall in level, dB (`SharpestFall`)
+    away: bool = False  # ... said away from the microphone (`TurnConfig.turned_away`)
 
 
 class TurnMachine:
@@ -338,6 +347,9 @@ class TurnMachine:
         self._resume_to = State.BOT_SPEAKING  # the state a false interruption returns to
         self._finals: deque[_Ended] = deque(maxlen=16)  # the ended turns awaiting their finals
         self._user_peaks: deque[float] = deque(maxlen=8)  # the loudest frame of the user's last turns
+        self._fall = SharpestFall()  # of the current utterance
+        self._user_falls: deque[float] = deque(maxlen=8)  # ... of the user's last turns
+        self._away = False  # the speech over the bot is said away from the microphone
 
     @property
     def overlap_undecided(self) -> bool:
@@ -371,10 +383,15 @@ class TurnMachine:
             self.state = state
 
     # ---- events ---------------------------------------------------------------------------
-    def on_vad(self, t: float, prob: float, frame_s: float, level: float | None = None) -> list[Command]:
+    def on_vad(self, t: float, prob: float, frame_s: float, level: float | None = None,
+               steps: tuple[float, ...] = ()) -> list[Command]:
         """One VAD frame ending at stream time `t` (seconds) with speech probability `prob`;
-        `level`: the frame's RMS (optional; it feeds the early-decode hint)."""
+        `level`: the frame's RMS (optional; it feeds the early-decode hint and the level
+        comparisons); `steps`: the RMS of its `turned_away.STEP_S` steps, in order (optional; they
+        feed the reverberation comparison)."""
         c = self.config
+        for rms in steps:
+            self._fall.feed(rms)
         speech = prob >= c.speech_threshold or (self._vad_speech and prob > c.silence_threshold)
         self._vad_speech = speech
         quiet = speech and self._is_quiet(prob, level)
@@ -412,6 +429,7 @@ class TurnMachine:
         elif s in (State.USER_SPEAKING, State.INTERRUPTED):
             if (resume := self._check_false_interruption(t)):
                 return resume
+            out += self._check_turned_away(t)
             if self._resumable and spoke(c.min_speech_s):
                 self._resumable = False  # they went on after a short silence: drop its speculation
                 out.append(SpeechResumed(t))
@@ -476,7 +494,7 @@ class TurnMachine:
         c = self.config
         if (not self.overlap_open or interrupting_words(text, c.backchannels) < c.partial_words_to_interrupt
                 or self._below_the_user(self._peak_level) or (c.side_talk and may_call_someone(text, c.own_names))
-                or self._disputed(text, t - self._utterance_start)):
+                or self._disputed(text, t - self._utterance_start) or self._side_talk(text, self._away)):
             return []  # a too quiet one, or one that may call someone else, waits for its final
         return self._confirm_interruption(t)
 
@@ -521,7 +539,7 @@ class TurnMachine:
         if (not self.overlap_open or self.in_speech or t_speech_end != self._last_speech_end
                 or self.state not in (State.INTERRUPTED, State.ENDPOINT_PENDING)):
             return []
-        if (self._interrupts(text) and not self._below_the_user(self._peak_level)
+        if (self._interrupts(text, self._away) and not self._below_the_user(self._peak_level)
                 and not self._disputed(text, self._last_speech_end - self._utterance_start)):
             if self.config.side_talk and may_call_someone(text, self.config.own_names):
                 return []  # "Honey." at the pause after a name: the words after it tell
@@ -530,15 +548,15 @@ class TurnMachine:
 
     def on_final(self, t: float, text: str) -> list[Command]:
         """The final transcript of the turn that ended first of those awaiting theirs."""
-        own, resumed, peak, hum = self._finals.popleft() if self._finals else _Ended(False, False, 0.0)
-        if own and resumed:  # a brief overlap the reply went on after
-            words = self._interrupts(text)
+        own, resumed, peak, hum, fall, away = self._finals.popleft() if self._finals else _Ended(False, False, 0.0)
+        if own and resumed:  # a brief overlap the reply went on after, or speech it went on over
+            words = self._interrupts(text, away)
             echo = bool(words) and self._below_the_user(peak)
             if words and not echo and not (hum and not opens_with_backchannel(text, self.config.backchannels)):
                 return self._cut_resumed(t)
             return [DiscardTranscript(t, echo=echo)]
         if own and self._interrupted_at is not None:
-            words = self._interrupts(text)
+            words = self._interrupts(text, away)
             echo = bool(words) and self._below_the_user(peak)
             if words and not echo:
                 return self._confirm_interruption(t)
@@ -546,8 +564,10 @@ class TurnMachine:
             if self.state == State.THINKING:  # else the user speaks again: that utterance decides
                 out += self._resume(t)
             return out
-        if not own and peak > 0.0 and interrupting_words(text, self.config.backchannels):
+        if not own and not away and peak > 0.0 and interrupting_words(text, self.config.backchannels):
             self._user_peaks.append(peak)  # the user's own voice, as this line delivers it
+            if fall > 0.0:
+                self._user_falls.append(fall)
         if (self.state == State.THINKING and self._interrupted_at is None
                 and not any(ch.isalnum() for ch in text)):
             self._go(t, State.LISTENING)  # noise, with no reply to go back to
@@ -645,8 +665,28 @@ class TurnMachine:
             return self._resume(t)
         return []
 
-    def _side_talk(self, text: str) -> bool:
-        return self.config.side_talk and addressed_elsewhere(text, self.config.own_names)
+    def _side_talk(self, text: str, away: bool = False) -> bool:
+        """Words said to someone else: they open by calling someone else, or they were said away
+        from the microphone (`away`) and do not ask the bot to stop or wait."""
+        return ((self.config.side_talk and addressed_elsewhere(text, self.config.own_names))
+                or (away and not HOLD_WORDS.search(text)))
+
+    def _check_turned_away(self, t: float) -> list[Command]:
+        """Speech over the bot judged said away from the microphone (`TurnConfig.turned_away`)
+        lets the paused reply go on while it is said; its words decide no more unless they ask
+        the bot to stop or wait."""
+        c = self.config.turned_away
+        if (c is None or self._away or not self.overlap_open or not self.in_speech or self.state != State.INTERRUPTED
+                or t - self._utterance_start < c.after_s - 1e-9 or not self._user_peaks or not self._user_falls):
+            return []
+        if not c.judge(self._peak_level, self._fall.db, statistics.median(self._user_peaks),
+                       statistics.median(self._user_falls)):
+            return []
+        self._away = True
+        if self._going_on:  # a look let it go on already
+            return []
+        self._interrupted_at, self._going_on = None, True
+        return [ResumeReply(t, words_due=True)]
 
     def _lets_go_on(self, text: str) -> bool | None:
         """The words so far of speech over the bot let it go on (None: no words heard). No words is
@@ -655,7 +695,7 @@ class TurnMachine:
         c = self.config
         if not any(ch.isalnum() for ch in text):
             return None
-        if c.side_talk and may_call_someone(text, c.own_names):
+        if (c.side_talk and may_call_someone(text, c.own_names)) or self._side_talk(text, self._away):
             return True
         return interrupting_words(text, c.backchannels) == 0
 
@@ -667,10 +707,10 @@ class TurnMachine:
         return (self._went_on_hum and spoken_s <= BACKCHANNEL_MAX_S
                 and not opens_with_backchannel(text, self.config.backchannels))
 
-    def _interrupts(self, text: str) -> int:
+    def _interrupts(self, text: str, away: bool = False) -> int:
         """The words of speech over the bot that make it an interruption: none for backchannels
-        and sounds, none for side talk."""
-        return 0 if self._side_talk(text) else interrupting_words(text, self.config.backchannels)
+        and sounds, none for side talk (`away`: said away from the microphone)."""
+        return 0 if self._side_talk(text, away) else interrupting_words(text, self.config.backchannels)
 
     def _brief_overlap(self) -> bool:
         """The speech over the paused bot that just stopped was brief enough to go on after."""
@@ -714,17 +754,19 @@ class TurnMachine:
         self._resumable = False
         self._features = Features()
         hum = self._went_on_hum and t_speech_end - self._utterance_start <= BACKCHANNEL_MAX_S
-        self._finals.append(_Ended(self.overlap_open, resumed or self._going_on, self._peak_level, hum))
+        self._finals.append(_Ended(self.overlap_open, resumed or self._going_on, self._peak_level, hum,
+                                   self._fall.db, self._away))
         # the reply that went on over the speech plays on; else the bot has the turn to think
         self._go(t, self._resume_to if self._going_on else State.THINKING)
-        self._going_on = self._went_on_hum = False
+        self._going_on = self._went_on_hum = self._away = False
         return [EndOfTurn(t_speech_end)]
 
     def _start_user(self, t: float, state: State) -> StartUtterance:
         self._go(t, state)
         self._peak_level = self._run_peak  # the frames that opened it count
         self._looks_against = 0
-        self._went_on_hum = False
+        self._went_on_hum = self._away = False
+        self._fall.restart()
         self._paused = False
         self._features = Features()
         self._utterance_start = t - self._speech_run  # start of the speech run that opened it

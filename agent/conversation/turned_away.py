@@ -1,0 +1,66 @@
+"""Whether speech over the bot is said by a user turned away from the microphone, to someone
+else in the room, rather than to the bot: quieter than their own turns, and reverberant.
+
+Words alone cannot tell "Can you close the window?" said to the bot from the same words said to
+someone across the room; the sound can. Said into the microphone, the end of a syllable falls
+20-40 dB within 32 ms; said away from it, the room's reverberation (the direct sound and a
+tail about as loud as each other, RT60 0.3-0.5 s) holds the fall to 7-15 dB, and the level
+drops 3-10 dB. `SharpestFall` measures the largest fall over `FALL_STEPS` 16 ms steps of an
+utterance. Both figures are judged against the user's own turns, so that the microphone, the
+voice, its usual level and the room's usual reverberation cancel out; with no turn of the
+user's heard yet nothing is judged.
+
+On `duplex bench overlap`'s audio (flite's and Piper's voices, the side talk 3-6 dB below the
+user with a synthetic room, RT60 0.3-0.5 s), 0.4 s into the speech: side talk falls at most 0.23-0.46
+of the user's own sharpest fall, interruptions that are as quiet (2.5 dB or more below the user)
+0.55-0.8; louder interruptions fall as little as 0.2 of it ("Wait, ..." said softly), hence both
+signals together. Words that ask the bot to stop or wait still stop it (turns.py).
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+STEP_S = 0.016  # the steps whose levels are compared
+FALL_STEPS = 2  # a fall is measured over this many steps (32 ms)
+
+
+def level_db(rms: float) -> float:
+    return 20.0 * math.log10(max(rms, 1e-9))
+
+
+class SharpestFall:
+    """The largest fall in level (dB) from one `STEP_S` step to the one `FALL_STEPS` later, over
+    the steps fed since the last `restart` (the steps just before it still count as the start of
+    a fall)."""
+
+    def __init__(self) -> None:
+        self._recent: deque[float] = deque(maxlen=FALL_STEPS)
+        self.db = 0.0
+
+    def restart(self) -> None:
+        self.db = 0.0
+
+    def feed(self, rms: float) -> None:
+        level = level_db(rms)
+        if len(self._recent) == FALL_STEPS:
+            self.db = max(self.db, self._recent[0] - level)
+        self._recent.append(level)
+
+
+@dataclass(frozen=True)
+class TurnedAway:
+    """When speech over the bot is judged said away from the microphone: once it has lasted
+    `after_s`, its loudest frame is `level_db` or more below the user's turns' and its sharpest fall
+    at most `fall_ratio` of theirs (medians over their last turns)."""
+
+    after_s: float = 0.4
+    level_db: float = -2.5
+    fall_ratio: float = 0.5
+
+    def judge(self, peak: float, fall_db: float, user_peak: float, user_fall_db: float) -> bool:
+        """`peak`, `user_peak`: RMS of the loudest frames; `fall_db`, `user_fall_db`: sharpest falls."""
+        if peak <= 0.0 or user_peak <= 0.0 or user_fall_db <= 0.0:
+            return False
+        return level_db(peak) - level_db(user_peak) <= self.level_db and fall_db <= self.fall_ratio * user_fall_db
