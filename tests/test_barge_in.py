@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from doubles import EnergyVAD, ScriptedLLM, ScriptedRecognizer, ToneVoice, burst
 from helpers import await_until, is_word_prefix
-from test_turns import B, Driver, F, I, P, T, U
+from test_turns import B, Driver, F, I, L, P, T, U
 
 from agent.conversation.endpointing import SilencePolicy
 from agent.conversation.session import Models, Session, SessionConfig
@@ -59,6 +59,27 @@ def test_the_first_frames_of_speech_over_the_bot_pause_it():
     assert d.m.state == I
     d.frames("#" * 20)  # more speech does not pause it again
     assert [type(c) for c in d.log[n:]].count(PauseReply) == 1
+
+
+def test_a_soft_onset_over_the_bot_pauses_it_as_soon_as_three_frames_pass_the_silence_threshold():
+    def probs(d: Driver, *ps: float) -> Driver:
+        for p in ps:
+            d.t = round(d.t + F, 6)
+            d.log += d.m.on_vad(d.t, p, F, None)
+        return d
+
+    # flite's kal, "Wait, who wrote ...": Silero's first frames 0.41, 0.55, 0.54, then 0.33
+    d = probs(speaking(), 0.2, 0.41, 0.55, 0.54)
+    assert isinstance(d.log[-2], PauseReply) and abs(d.log[-2].t_speech_start - (d.t - 3 * F)) < 1e-6
+    assert d.m.state == I
+    # frames under the silence threshold before it, or frames that never pass 0.5, do not count
+    d = probs(speaking(), 0.34, 0.34, 0.55, 0.54)
+    assert not any(isinstance(c, PauseReply) for c in d.log) and d.m.state == B
+    d = probs(speaking(), 0.45, 0.45, 0.45, 0.45, 0.2)
+    assert not any(isinstance(c, PauseReply) for c in d.log) and d.m.state == B
+    # an utterance's start with the bot silent counts as before (clicks are not speech)
+    d = probs(Driver(), 0.41, 0.55, 0.54, 0.2)
+    assert d.log == [] and d.m.state == L
 
 
 def test_words_over_the_bot_cancel_it_but_backchannels_do_not():

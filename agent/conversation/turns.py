@@ -80,7 +80,11 @@ Defaults, and why:
   (LiveKit's max_endpointing_delay is 3 s, pipecat's smart-turn stop_secs 3 s); shorter, because
   a wrong "incomplete" is the common failure on terse answers. The rules' 0.5 s after a
   sentence is LiveKit's min_endpointing_delay.
-- `barge_in_min_speech_s` 0.1: three 32 ms frames, as for an utterance's start. A pause costs
+- `barge_in_min_speech_s` 0.1: three 32 ms frames, as for an utterance's start, counting the
+  frames over `silence_threshold` that lead up to the first over `speech_threshold` (the
+  hysteresis Silero's threshold pair applies to an ending, applied to the onset: flite's kal
+  said "Wait" softly at 0.41, 0.55, 0.54, 0.33, and only 0.3 s later did three frames in a row
+  pass 0.5). A pause costs
   little when it proves false (the reply resumes at the sample it paused, nothing is lost), and
   the bot must stop within 250 ms of the user's onset: Silero's onset lag plus 0.1 s plus the
   clear's way to the far end. (LiveKit pauses after 0.5 s.)
@@ -330,6 +334,7 @@ class TurnMachine:
         self.in_speech = False  # the user is talking: speech to Silero, and not a quiet frame
         self._vad_speech = False  # Silero's own speech state (with its hysteresis)
         self._speech_run = 0.0  # seconds of consecutive speech frames
+        self._lead_run = 0.0  # ... of frames over `silence_threshold` that no speech frame came before
         self._silence_run = 0.0
         self._stop_run = 0.0  # seconds of consecutive silent or quiet frames (the decode trigger)
         self._peak_level = 0.0  # loudest speech frame of the current utterance (RMS)
@@ -396,6 +401,11 @@ class TurnMachine:
         self._vad_speech = speech
         quiet = speech and self._is_quiet(prob, level)
         if speech and not quiet:
+            if self._speech_run == 0.0 and self.state in (State.THINKING, State.BOT_SPEAKING):
+                # Silero's hysteresis, backwards: the frames over its silence threshold that led
+                # up to this one were the onset ("Wait" said softly: 0.41, then 0.55, 0.54)
+                self._speech_run = self._lead_run
+            self._lead_run = 0.0
             self.in_speech = True
             self._speech_run += frame_s
             self._silence_run = self._stop_run = 0.0
@@ -406,6 +416,7 @@ class TurnMachine:
                 self._peak_level = max(self._peak_level, level)
                 self._run_peak = max(self._run_peak, level)
         else:
+            self._lead_run = self._lead_run + frame_s if not speech and prob > c.silence_threshold else 0.0
             self._run_peak = 0.0
             if self._stop_run == 0.0:  # the speech ended where this run of stopped frames began
                 self._last_speech_end = t - frame_s
