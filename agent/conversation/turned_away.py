@@ -11,9 +11,9 @@ voice, its usual level and the room's usual reverberation cancel out; with no tu
 user's heard yet nothing is judged.
 
 On `duplex bench overlap`'s audio (flite's and Piper's voices, the side talk 3-6 dB below the
-user with a synthetic room, RT60 0.3-0.5 s), 0.4 s into the speech: side talk falls at most 0.23-0.46
+user with a synthetic room, RT60 0.3-0.5 s), 0.4 s into the speech: side talk falls at most 0.24-0.46
 of the user's own sharpest fall, interruptions that are as quiet (2.5 dB or more below the user)
-0.55-0.8; louder interruptions fall as little as 0.2 of it ("Wait, ..." said softly), hence both
+0.55-0.76; louder interruptions fall as little as 0.2 of it ("Wait, ..." said softly), hence both
 signals together. Words that ask the bot to stop or wait still stop it (turns.py).
 """
 from __future__ import annotations
