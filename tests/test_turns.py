@@ -19,12 +19,13 @@ class Driver:
     def frames(self, pattern: str, level: float | None = None):
         """'#' speech, '.' silence: one 32 ms VAD frame each; `level`: the speech frames' RMS.
         '~': speech 12 dB below `level` (a room's reverberation filling the gap between two
-        syllables), '_': speech 30 dB below it (the same gap said into the microphone). With a
-        `level`, each frame's two level steps (`turned_away.STEP_S`) are its level."""
+        syllables), '_': speech 30 dB below it (the same gap said into the microphone), ',':
+        silence to Silero 24 dB below it (the room's tail after the last word). With a `level`,
+        each frame's two level steps (`turned_away.STEP_S`) are its level."""
         for ch in pattern:
             self.t = round(self.t + F, 6)
             speech = ch in "#~_"
-            lv = 0.001 if not speech or level is None else level * {"#": 1.0, "~": 0.25, "_": 0.03}[ch]
+            lv = 0.001 if ch == "." or level is None else level * {"#": 1.0, "~": 0.25, "_": 0.03, ",": 1 / 16}[ch]
             steps = () if level is None else (lv, lv)
             self.log += self.m.on_vad(self.t, 0.9 if speech else 0.05, F, level if ch == "#" else lv, steps)
         return self
@@ -211,6 +212,41 @@ def test_speech_over_the_bot_quieter_and_more_reverberant_than_the_user_is_side_
     d.frames("~#" * 5 + "." * 8, level=0.2).eou(0.9)
     d.log += d.m.on_final(d.t, "Wait, stop the story.")
     assert d.kinds()[-1] == CancelReply and d.m.state == T
+
+
+def test_side_talk_stays_no_turn_when_the_reply_ends_while_it_is_said_and_is_judged_at_a_silence():
+    # by its sound: the story ends while the user still talks to someone else
+    d = speaking_bot(user_level=0.3)
+    d.frames("#~" * 7, level=0.2)
+    assert d.m.going_on
+    d.m.on_reply_finished(d.t)
+    d.frames("~#" * 20 + "." * 8, level=0.2).eou(0.9)
+    assert d.kinds()[-1] == EndOfTurn and d.m.state == T
+    d.log += d.m.on_final(d.t, "Can you close the window? It's getting cold in here.")
+    assert d.kinds()[-1] == DiscardTranscript and d.m.state == L
+    # by a name a look heard (at the user's own level and voice)
+    d = speaking_bot(user_level=0.3)
+    d.frames("#" * 10, level=0.3)
+    assert d.m.on_overlap_words(d.t, "Kids") == [ResumeReply(d.t, words_due=True)]
+    d.m.on_reply_finished(d.t)
+    d.frames("#" * 30 + "." * 8, level=0.3).eou(0.9)
+    d.log += d.m.on_final(d.t, "Kids, it's time to brush your teeth.")
+    assert d.kinds()[-1] == DiscardTranscript and d.m.state == L
+    # words for the bot begun over it are answered as before when the reply ends meanwhile
+    d = speaking_bot(user_level=0.3)
+    d.frames("#" * 10, level=0.3)
+    d.m.on_reply_finished(d.t)
+    d.frames("#" * 30 + "." * 8, level=0.3).eou(0.9)
+    d.log += d.m.on_final(d.t, "Can you close the window?")
+    assert d.kinds()[-1] == EndOfTurn and d.m.state == T
+    # "Hey," then a breath, said away: the fall into that silence tells before 0.4 s of it
+    d = speaking_bot(user_level=0.3)
+    d.frames("#~" * 4 + "#" + "~~,,,", level=0.2)  # 0.35 s of speech, then the room's tail
+    assert d.m.overlap_undecided
+    t_end = next(c for c in reversed(d.log) if isinstance(c, SpeechStopped)).t_speech_end
+    assert d.m.on_early_words(d.t, "Hey.", t_end) == [EndOfTurn(t_end), ResumeReply(d.t, words_due=True)]
+    d.log += d.m.on_final(d.t, "Hey.")
+    assert d.kinds()[-1] == DiscardTranscript and d.m.state == B
 
 
 def test_quiet_dry_or_reverberant_loud_speech_over_the_bot_is_the_users():

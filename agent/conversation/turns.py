@@ -324,6 +324,7 @@ class _Ended(NamedTuple):
     hum: bool = False  # ... as long as a backchannel, and a look heard one in it
     fall: float = 0.0  # its sharpest fall in level, dB (`SharpestFall`)
     away: bool = False  # ... said away from the microphone (`TurnConfig.turned_away`)
+    over_bot: bool = False  # ... begun over the bot (whose reply may have ended since)
 
 
 class TurnMachine:
@@ -355,6 +356,7 @@ class TurnMachine:
         self._fall = SharpestFall()  # of the current utterance
         self._user_falls: deque[float] = deque(maxlen=8)  # ... of the user's last turns
         self._away = False  # the speech over the bot is said away from the microphone
+        self._over_bot = False  # the current utterance began over the bot
 
     @property
     def overlap_undecided(self) -> bool:
@@ -550,6 +552,7 @@ class TurnMachine:
         if (not self.overlap_open or self.in_speech or t_speech_end != self._last_speech_end
                 or self.state not in (State.INTERRUPTED, State.ENDPOINT_PENDING)):
             return []
+        self._judge_turned_away()  # "Hey," then a breath: the fall into that silence tells too
         if (self._interrupts(text, self._away) and not self._below_the_user(self._peak_level)
                 and not self._disputed(text, self._last_speech_end - self._utterance_start)):
             if self.config.side_talk and may_call_someone(text, self.config.own_names):
@@ -559,7 +562,7 @@ class TurnMachine:
 
     def on_final(self, t: float, text: str) -> list[Command]:
         """The final transcript of the turn that ended first of those awaiting theirs."""
-        own, resumed, peak, hum, fall, away = self._finals.popleft() if self._finals else _Ended(False, False, 0.0)
+        own, resumed, peak, hum, fall, away, over_bot = self._finals.popleft() if self._finals else _Ended(False, False, 0.0)
         if own and resumed:  # a brief overlap the reply went on after, or speech it went on over
             words = self._interrupts(text, away)
             echo = bool(words) and self._below_the_user(peak)
@@ -575,6 +578,11 @@ class TurnMachine:
             if self.state == State.THINKING:  # else the user speaks again: that utterance decides
                 out += self._resume(t)
             return out
+        if not own and over_bot and self._side_talk(text, away):
+            # said to someone else over the bot, whose reply ended meanwhile: no turn either
+            if self.state == State.THINKING:
+                self._go(t, State.LISTENING)
+            return [DiscardTranscript(t)]
         if not own and not away and peak > 0.0 and interrupting_words(text, self.config.backchannels):
             self._user_peaks.append(peak)  # the user's own voice, as this line delivers it
             if fall > 0.0:
@@ -687,17 +695,22 @@ class TurnMachine:
         lets the paused reply go on while it is said; its words decide no more unless they ask
         the bot to stop or wait."""
         c = self.config.turned_away
-        if (c is None or self._away or not self.overlap_open or not self.in_speech or self.state != State.INTERRUPTED
-                or t - self._utterance_start < c.after_s - 1e-9 or not self._user_peaks or not self._user_falls):
+        if (c is None or not self.in_speech or self.state != State.INTERRUPTED
+                or t - self._utterance_start < c.after_s - 1e-9 or not self._judge_turned_away()):
             return []
-        if not c.judge(self._peak_level, self._fall.db, statistics.median(self._user_peaks),
-                       statistics.median(self._user_falls)):
-            return []
-        self._away = True
         if self._going_on:  # a look let it go on already
             return []
         self._interrupted_at, self._going_on = None, True
         return [ResumeReply(t, words_due=True)]
+
+    def _judge_turned_away(self) -> bool:
+        """Judge the speech over the bot so far (once it is judged away, it stays so)."""
+        c = self.config.turned_away
+        if (c is not None and not self._away and self.overlap_open and self._user_peaks and self._user_falls
+                and c.judge(self._peak_level, self._fall.db, statistics.median(self._user_peaks),
+                            statistics.median(self._user_falls))):
+            self._away = True
+        return self._away
 
     def _lets_go_on(self, text: str) -> bool | None:
         """The words so far of speech over the bot let it go on (None: no words heard). No words is
@@ -766,7 +779,7 @@ class TurnMachine:
         self._features = Features()
         hum = self._went_on_hum and t_speech_end - self._utterance_start <= BACKCHANNEL_MAX_S
         self._finals.append(_Ended(self.overlap_open, resumed or self._going_on, self._peak_level, hum,
-                                   self._fall.db, self._away))
+                                   self._fall.db, self._away, self._over_bot))
         # the reply that went on over the speech plays on; else the bot has the turn to think
         self._go(t, self._resume_to if self._going_on else State.THINKING)
         self._going_on = self._went_on_hum = self._away = False
@@ -777,6 +790,7 @@ class TurnMachine:
         self._peak_level = self._run_peak  # the frames that opened it count
         self._looks_against = 0
         self._went_on_hum = self._away = False
+        self._over_bot = state == State.INTERRUPTED
         self._fall.restart()
         self._paused = False
         self._features = Features()
