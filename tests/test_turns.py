@@ -209,7 +209,10 @@ def test_speech_over_the_bot_quieter_and_more_reverberant_than_the_user_is_side_
     assert d.m.on_overlap_words(d.t, "Wait, stop") == []
     d.frames("#", level=0.2)
     assert d.m.on_overlap_words(d.t, "Wait, stop the story") == [PauseReply(d.t, start)]
-    d.frames("~#" * 5 + "." * 8, level=0.2).eou(0.9)
+    n = len(d.log)
+    d.frames("~#" * 5, level=0.2)
+    assert not any(isinstance(c, ResumeReply) for c in d.log[n:]) and d.m.overlap_undecided, "its sound let it go on again"
+    d.frames("." * 8, level=0.2).eou(0.9)
     d.log += d.m.on_final(d.t, "Wait, stop the story.")
     assert d.kinds()[-1] == CancelReply and d.m.state == T
 

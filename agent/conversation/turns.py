@@ -403,6 +403,8 @@ class TurnMachine:
         self._vad_speech = speech
         quiet = speech and self._is_quiet(prob, level)
         if speech and not quiet:
+            if self._speech_run == 0.0 and self.state in (State.LISTENING, State.THINKING, State.BOT_SPEAKING):
+                self._fall.restart()  # an utterance's falls count from its first speech frame on
             if self._speech_run == 0.0 and self.state in (State.THINKING, State.BOT_SPEAKING):
                 # Silero's hysteresis, backwards: the frames over its silence threshold that led
                 # up to this one were the onset ("Wait" said softly: 0.41, then 0.55, 0.54)
@@ -695,9 +697,9 @@ class TurnMachine:
         lets the paused reply go on while it is said; its words decide no more unless they ask
         the bot to stop or wait."""
         c = self.config.turned_away
-        if (c is None or not self.in_speech or self.state != State.INTERRUPTED
+        if (c is None or self._away or not self.in_speech or self.state != State.INTERRUPTED
                 or t - self._utterance_start < c.after_s - 1e-9 or not self._judge_turned_away()):
-            return []
+            return []  # (judged away before: its words have paused it again since, or a look let it go on)
         if self._going_on:  # a look let it go on already
             return []
         self._interrupted_at, self._going_on = None, True
@@ -791,7 +793,6 @@ class TurnMachine:
         self._looks_against = 0
         self._went_on_hum = self._away = False
         self._over_bot = state == State.INTERRUPTED
-        self._fall.restart()
         self._paused = False
         self._features = Features()
         self._utterance_start = t - self._speech_run  # start of the speech run that opened it
