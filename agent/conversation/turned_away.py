@@ -11,10 +11,12 @@ voice, its usual level and the room's usual reverberation cancel out; with no tu
 user's heard yet nothing is judged.
 
 On `duplex bench overlap`'s audio (flite's and Piper's voices, the side talk 3-6 dB below the
-user with a synthetic room, RT60 0.3-0.5 s), 0.4 s into the speech: side talk falls at most 0.24-0.46
-of the user's own sharpest fall, interruptions that are as quiet (2.5 dB or more below the user)
-0.55-0.76; louder interruptions fall as little as 0.2 of it ("Wait, ..." said softly), hence both
-signals together. Words that ask the bot to stop or wait still stop it (turns.py).
+user with a synthetic room, RT60 0.3-0.5 s), fed as the listener feeds it (Silero's frames, the
+levels of the audio ring), at the first judgement 0.4 s in: side talk fell 0.16-0.36 of the
+user's own sharpest fall (one item 0.56), interruptions that were as quiet (2.5 dB or more below
+the user) 0.44-0.8 (Piper's voice the lowest), louder ones as little as 0.02 ("Sorry, ..." said
+softly), hence both signals together and a ratio of 0.4. Words that ask the bot to stop or wait
+still stop it (turns.py).
 """
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ class TurnedAway:
 
     after_s: float = 0.4
     level_db: float = -2.5
-    fall_ratio: float = 0.5
+    fall_ratio: float = 0.4
 
     def judge(self, peak: float, fall_db: float, user_peak: float, user_fall_db: float) -> bool:
         """`peak`, `user_peak`: RMS of the loudest frames; `fall_db`, `user_fall_db`: sharpest falls."""
