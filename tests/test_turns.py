@@ -195,6 +195,7 @@ def test_speech_over_the_bot_quieter_and_more_reverberant_than_the_user_is_side_
     assert d.kinds()[n:] == [PauseReply, StartUtterance] and d.m.overlap_undecided
     d.frames("#", level=0.2)  # 0.4 s: the reply goes on while it is said
     assert d.log[-1] == ResumeReply(d.t, words_due=True) and d.m.going_on
+    assert d.m.judged == (-3.5, 0.24, True)  # for the trace: level and fall against the user's
     assert d.m.on_overlap_words(d.t, "Can you close the window") == []  # by words, a request
     assert d.m.on_words(d.t, "Can you close the window") == []
     d.frames("~#" * 20 + "." * 8, level=0.2).eou(0.9)

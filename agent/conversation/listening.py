@@ -321,6 +321,7 @@ class ListenMachine:
         self._looking = False  # a look at the words of speech over the bot runs
         self._after_look: QueueEarlyDecode | None = None  # the early decode that waits for it
         self._looked_until = 0.0  # the stream time the last one heard up to
+        self._judged: tuple | None = None  # the turn machine's judgement by sound last traced
         self._reported = self.turns.state  # the state the session was last told of
 
     @property
@@ -353,6 +354,9 @@ class ListenMachine:
             t = max(t_first, self.t_audio - (len(probs) - 1 - i) * frame_s)
             commands += self.turns.on_vad(t, p, frame_s, levels[i] if i < len(levels) else None,
                                           tuple(steps[i * per:(i + 1) * per]))
+        if self.turns.judged is not None and self.turns.judged != self._judged:
+            self._judged = self.turns.judged
+            yield Note(Ev.TURNED_AWAY, tuple(zip(("level_db", "fall", "away"), self._judged)))
         for c in commands:
             yield from self._carry(c)
         yield Speaking(self.turns.in_speech)

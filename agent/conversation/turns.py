@@ -150,7 +150,7 @@ from typing import NamedTuple
 
 from agent.conversation.addressing import HOLD_WORDS, addressed_elsewhere, may_call_someone
 from agent.conversation.endpointing import CombinedPolicy, EndOfTurnPolicy, Features
-from agent.conversation.turned_away import SharpestFall, TurnedAway
+from agent.conversation.turned_away import SharpestFall, TurnedAway, level_db
 
 
 # the sounds people make over a speaker to show they listen, and fillers, however a recognizer
@@ -357,6 +357,9 @@ class TurnMachine:
         self._user_falls: deque[float] = deque(maxlen=8)  # ... of the user's last turns
         self._away = False  # the speech over the bot is said away from the microphone
         self._over_bot = False  # the current utterance began over the bot
+        # the first judgement of the speech over the bot by its sound: (its loudest frame against
+        # the user's, dB; its sharpest fall as a share of theirs; away), for the trace
+        self.judged: tuple[float, float, bool] | None = None
 
     @property
     def overlap_undecided(self) -> bool:
@@ -708,10 +711,12 @@ class TurnMachine:
     def _judge_turned_away(self) -> bool:
         """Judge the speech over the bot so far (once it is judged away, it stays so)."""
         c = self.config.turned_away
-        if (c is not None and not self._away and self.overlap_open and self._user_peaks and self._user_falls
-                and c.judge(self._peak_level, self._fall.db, statistics.median(self._user_peaks),
-                            statistics.median(self._user_falls))):
-            self._away = True
+        if c is None or self._away or not self.overlap_open or not self._user_peaks or not self._user_falls:
+            return self._away
+        peak, fall = statistics.median(self._user_peaks), statistics.median(self._user_falls)
+        self._away = c.judge(self._peak_level, self._fall.db, peak, fall)
+        if self.judged is None or self._away:
+            self.judged = (round(level_db(self._peak_level) - level_db(peak), 1), round(self._fall.db / fall, 2), self._away)
         return self._away
 
     def _lets_go_on(self, text: str) -> bool | None:
@@ -793,6 +798,7 @@ class TurnMachine:
         self._looks_against = 0
         self._went_on_hum = self._away = False
         self._over_bot = state == State.INTERRUPTED
+        self.judged = None
         self._paused = False
         self._features = Features()
         self._utterance_start = t - self._speech_run  # start of the speech run that opened it

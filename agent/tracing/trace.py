@@ -142,6 +142,7 @@ class Ev:
     # from the first frame of the user's speech over the bot)
     REPLY_PAUSED = "reply_paused"
     ECHO = "echo"  # words over the bot that were its own, heard back (text: what was heard)
+    TURNED_AWAY = "turned_away"  # speech over the bot judged by its sound (level_db, fall: against the user's; away)
     INTERRUPTED = "interrupted"  # why: CUT_BY_WORDS, or why the session ended
     RESUME = "resume"
     GREETING = "greeting"
