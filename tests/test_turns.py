@@ -251,6 +251,28 @@ def test_side_talk_stays_no_turn_when_the_reply_ends_while_it_is_said_and_is_jud
     assert d.m.on_early_words(d.t, "Hey.", t_end) == [EndOfTurn(t_end), ResumeReply(d.t, words_due=True)]
     d.log += d.m.on_final(d.t, "Hey.")
     assert d.kinds()[-1] == DiscardTranscript and d.m.state == B
+    # "could you turn the oven off", as quiet, begun 0.2 s later: the user has not turned back,
+    # though a consonant at its onset falls as sharply as into the microphone
+    d.frames("......" + "#_" * 6 + "#", level=0.2)  # 0.4 s of it
+    assert d.log[-1] == ResumeReply(d.t, words_due=True) and d.m.going_on
+    d.frames("_#" * 10 + "." * 8, level=0.2).eou(0.9)
+    d.log += d.m.on_final(d.t, "Could you turn the oven off for me?")
+    assert d.kinds()[-1] == DiscardTranscript and d.m.state == B
+    # ... but not 2 s after it (`TurnedAway.carry_s`), nor at the user's level
+    for gap, level in ((70, 0.2), (6, 0.3)):
+        n = len(d.log)
+        d.frames("." * gap + "#_" * 8, level=level)
+        assert d.kinds()[n:] == [PauseReply, StartUtterance] and d.m.overlap_undecided, (gap, level)
+        d.frames("." * 8, level=level).eou(0.9)
+        d.log += d.m.on_final(d.t, "Could you turn the oven off for me?")
+        assert d.kinds()[-1] == CancelReply
+        d.m.on_reply_started(d.t)
+    # "Babe," then a pause long enough for the end of turn to be weighed, then the rest of it
+    d = speaking_bot(user_level=0.3)
+    d.frames("#~#~#~" + "," * 8, level=0.2)
+    assert d.m.state == P and d.m.overlap_undecided
+    d.frames("~#~#", level=0.2)
+    assert d.m.state == U and d.log[-1] == ResumeReply(d.t, words_due=True) and d.m.going_on
 
 
 def test_quiet_dry_or_reverberant_loud_speech_over_the_bot_is_the_users():

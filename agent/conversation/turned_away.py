@@ -55,14 +55,21 @@ class SharpestFall:
 class TurnedAway:
     """When speech over the bot is judged said away from the microphone: once it has lasted
     `after_s`, its loudest frame is `level_db` or more below the user's turns' and its sharpest fall
-    at most `fall_ratio` of theirs (medians over their last turns)."""
+    at most `fall_ratio` of theirs (medians over their last turns). Speech that begins within
+    `carry_s` of the end of speech judged so, as quiet, is judged so too whatever its falls: the
+    user has not turned back ("Hey," then "could you ...": a stop consonant at the onset of the
+    second falls sharply even in a room)."""
 
     after_s: float = 0.4
     level_db: float = -2.5
     fall_ratio: float = 0.4
+    carry_s: float = 2.0
 
-    def judge(self, peak: float, fall_db: float, user_peak: float, user_fall_db: float) -> bool:
-        """`peak`, `user_peak`: RMS of the loudest frames; `fall_db`, `user_fall_db`: sharpest falls."""
+    def judge(self, peak: float, fall_db: float, user_peak: float, user_fall_db: float,
+              still_away: bool = False) -> bool:
+        """`peak`, `user_peak`: RMS of the loudest frames; `fall_db`, `user_fall_db`: sharpest falls;
+        `still_away`: speech judged away ended less than `carry_s` before this began."""
         if peak <= 0.0 or user_peak <= 0.0 or user_fall_db <= 0.0:
             return False
-        return level_db(peak) - level_db(user_peak) <= self.level_db and fall_db <= self.fall_ratio * user_fall_db
+        quieter = level_db(peak) - level_db(user_peak) <= self.level_db
+        return quieter and (still_away or fall_db <= self.fall_ratio * user_fall_db)

@@ -357,6 +357,7 @@ class TurnMachine:
         self._user_falls: deque[float] = deque(maxlen=8)  # ... of the user's last turns
         self._away = False  # the speech over the bot is said away from the microphone
         self._over_bot = False  # the current utterance began over the bot
+        self._away_ended: float | None = None  # the end of the last speech over the bot judged away
         # the first judgement of the speech over the bot by its sound: (its loudest frame against
         # the user's, dB; its sharpest fall as a share of theirs; away), for the trace
         self.judged: tuple[float, float, bool] | None = None
@@ -700,7 +701,8 @@ class TurnMachine:
         lets the paused reply go on while it is said; its words decide no more unless they ask
         the bot to stop or wait."""
         c = self.config.turned_away
-        if (c is None or self._away or not self.in_speech or self.state != State.INTERRUPTED
+        # (a pause inside the speech leaves it user_speaking, its reply still paused)
+        if (c is None or self._away or not self.in_speech or self.state not in (State.INTERRUPTED, State.USER_SPEAKING)
                 or t - self._utterance_start < c.after_s - 1e-9 or not self._judge_turned_away()):
             return []  # (judged away before: its words have paused it again since, or a look let it go on)
         if self._going_on:  # a look let it go on already
@@ -714,7 +716,8 @@ class TurnMachine:
         if c is None or self._away or not self.overlap_open or not self._user_peaks or not self._user_falls:
             return self._away
         peak, fall = statistics.median(self._user_peaks), statistics.median(self._user_falls)
-        self._away = c.judge(self._peak_level, self._fall.db, peak, fall)
+        still = self._away_ended is not None and self._utterance_start - self._away_ended <= c.carry_s
+        self._away = c.judge(self._peak_level, self._fall.db, peak, fall, still)
         if self.judged is None or self._away:
             self.judged = (round(level_db(self._peak_level) - level_db(peak), 1), round(self._fall.db / fall, 2), self._away)
         return self._away
@@ -787,6 +790,8 @@ class TurnMachine:
         hum = self._went_on_hum and t_speech_end - self._utterance_start <= BACKCHANNEL_MAX_S
         self._finals.append(_Ended(self.overlap_open, resumed or self._going_on, self._peak_level, hum,
                                    self._fall.db, self._away, self._over_bot))
+        if self._away:
+            self._away_ended = t_speech_end
         # the reply that went on over the speech plays on; else the bot has the turn to think
         self._go(t, self._resume_to if self._going_on else State.THINKING)
         self._going_on = self._went_on_hum = self._away = False
