@@ -21,6 +21,7 @@ still stop it (turns.py).
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -73,3 +74,49 @@ class TurnedAway:
             return False
         quieter = level_db(peak) - level_db(user_peak) <= self.level_db
         return quieter and (still_away or fall_db <= self.fall_ratio * user_fall_db)
+
+
+class SoundOfOverlaps:
+    """One line's judgement of speech over the bot by its sound: the sharpest falls of the current
+    utterance and of the user's own turns, and whether the current one is said away (`away`, once
+    judged so it stays so until the utterance ends)."""
+
+    def __init__(self) -> None:
+        self.fall = SharpestFall()  # of the current utterance
+        self._user_falls: deque[float] = deque(maxlen=8)  # ... of the user's last turns
+        self.away = False
+        self._away_ended: float | None = None  # the end of the last speech judged away
+        # the first judgement of the current utterance: (its loudest frame against the user's, dB;
+        # its sharpest fall as a share of theirs; away), for the trace
+        self.judged: tuple[float, float, bool] | None = None
+
+    def feed(self, steps: tuple[float, ...]) -> None:
+        for rms in steps:
+            self.fall.feed(rms)
+
+    def begin(self) -> None:
+        """A new utterance (its falls count from its first speech frame: `fall.restart` then)."""
+        self.away, self.judged = False, None
+
+    def user_turn(self, fall_db: float) -> None:
+        """The sharpest fall of a turn of the user's own (the reference)."""
+        if fall_db > 0.0:
+            self._user_falls.append(fall_db)
+
+    def judge(self, c: TurnedAway, peak: float, user_peak: float, start: float) -> bool:
+        """Judge the utterance begun at stream time `start` so far; `peak`, `user_peak`: its
+        loudest frame and the user's turns' (RMS)."""
+        if self.away or user_peak <= 0.0 or not self._user_falls:
+            return self.away
+        user_fall = statistics.median(self._user_falls)
+        still = self._away_ended is not None and start - self._away_ended <= c.carry_s
+        self.away = c.judge(peak, self.fall.db, user_peak, user_fall, still)
+        if self.judged is None or self.away:
+            self.judged = (round(level_db(peak) - level_db(user_peak), 1), round(self.fall.db / user_fall, 2), self.away)
+        return self.away
+
+    def end(self, t_speech_end: float) -> None:
+        """The utterance ended at `t_speech_end`."""
+        if self.away:
+            self._away_ended = t_speech_end
+        self.away = False

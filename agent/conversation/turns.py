@@ -150,7 +150,7 @@ from typing import NamedTuple
 
 from agent.conversation.addressing import HOLD_WORDS, addressed_elsewhere, may_call_someone
 from agent.conversation.endpointing import CombinedPolicy, EndOfTurnPolicy, Features
-from agent.conversation.turned_away import SharpestFall, TurnedAway, level_db
+from agent.conversation.turned_away import SoundOfOverlaps, TurnedAway
 
 
 # the sounds people make over a speaker to show they listen, and fillers, however a recognizer
@@ -353,14 +353,17 @@ class TurnMachine:
         self._resume_to = State.BOT_SPEAKING  # the state a false interruption returns to
         self._finals: deque[_Ended] = deque(maxlen=16)  # the ended turns awaiting their finals
         self._user_peaks: deque[float] = deque(maxlen=8)  # the loudest frame of the user's last turns
-        self._fall = SharpestFall()  # of the current utterance
-        self._user_falls: deque[float] = deque(maxlen=8)  # ... of the user's last turns
-        self._away = False  # the speech over the bot is said away from the microphone
+        self._sound = SoundOfOverlaps()  # is the speech over the bot said away from the microphone?
         self._over_bot = False  # the current utterance began over the bot
-        self._away_ended: float | None = None  # the end of the last speech over the bot judged away
-        # the first judgement of the speech over the bot by its sound: (its loudest frame against
-        # the user's, dB; its sharpest fall as a share of theirs; away), for the trace
-        self.judged: tuple[float, float, bool] | None = None
+
+    @property
+    def judged(self) -> tuple[float, float, bool] | None:
+        """The speech over the bot judged by its sound (`SoundOfOverlaps.judged`), for the trace."""
+        return self._sound.judged
+
+    @property
+    def _away(self) -> bool:
+        return self._sound.away
 
     @property
     def overlap_undecided(self) -> bool:
@@ -401,14 +404,13 @@ class TurnMachine:
         comparisons); `steps`: the RMS of its `turned_away.STEP_S` steps, in order (optional; they
         feed the reverberation comparison)."""
         c = self.config
-        for rms in steps:
-            self._fall.feed(rms)
+        self._sound.feed(steps)
         speech = prob >= c.speech_threshold or (self._vad_speech and prob > c.silence_threshold)
         self._vad_speech = speech
         quiet = speech and self._is_quiet(prob, level)
         if speech and not quiet:
             if self._speech_run == 0.0 and self.state in (State.LISTENING, State.THINKING, State.BOT_SPEAKING):
-                self._fall.restart()  # an utterance's falls count from its first speech frame on
+                self._sound.fall.restart()  # an utterance's falls count from its first speech frame on
             if self._speech_run == 0.0 and self.state in (State.THINKING, State.BOT_SPEAKING):
                 # Silero's hysteresis, backwards: the frames over its silence threshold that led
                 # up to this one were the onset ("Wait" said softly: 0.41, then 0.55, 0.54)
@@ -591,8 +593,7 @@ class TurnMachine:
             return [DiscardTranscript(t)]
         if not own and not away and peak > 0.0 and interrupting_words(text, self.config.backchannels):
             self._user_peaks.append(peak)  # the user's own voice, as this line delivers it
-            if fall > 0.0:
-                self._user_falls.append(fall)
+            self._sound.user_turn(fall)
         if (self.state == State.THINKING and self._interrupted_at is None
                 and not any(ch.isalnum() for ch in text)):
             self._go(t, State.LISTENING)  # noise, with no reply to go back to
@@ -713,14 +714,9 @@ class TurnMachine:
     def _judge_turned_away(self) -> bool:
         """Judge the speech over the bot so far (once it is judged away, it stays so)."""
         c = self.config.turned_away
-        if c is None or self._away or not self.overlap_open or not self._user_peaks or not self._user_falls:
+        if c is None or not self.overlap_open or not self._user_peaks:
             return self._away
-        peak, fall = statistics.median(self._user_peaks), statistics.median(self._user_falls)
-        still = self._away_ended is not None and self._utterance_start - self._away_ended <= c.carry_s
-        self._away = c.judge(self._peak_level, self._fall.db, peak, fall, still)
-        if self.judged is None or self._away:
-            self.judged = (round(level_db(self._peak_level) - level_db(peak), 1), round(self._fall.db / fall, 2), self._away)
-        return self._away
+        return self._sound.judge(c, self._peak_level, statistics.median(self._user_peaks), self._utterance_start)
 
     def _lets_go_on(self, text: str) -> bool | None:
         """The words so far of speech over the bot let it go on (None: no words heard). No words is
@@ -789,21 +785,20 @@ class TurnMachine:
         self._features = Features()
         hum = self._went_on_hum and t_speech_end - self._utterance_start <= BACKCHANNEL_MAX_S
         self._finals.append(_Ended(self.overlap_open, resumed or self._going_on, self._peak_level, hum,
-                                   self._fall.db, self._away, self._over_bot))
-        if self._away:
-            self._away_ended = t_speech_end
+                                   self._sound.fall.db, self._away, self._over_bot))
+        self._sound.end(t_speech_end)
         # the reply that went on over the speech plays on; else the bot has the turn to think
         self._go(t, self._resume_to if self._going_on else State.THINKING)
-        self._going_on = self._went_on_hum = self._away = False
+        self._going_on = self._went_on_hum = False
         return [EndOfTurn(t_speech_end)]
 
     def _start_user(self, t: float, state: State) -> StartUtterance:
         self._go(t, state)
         self._peak_level = self._run_peak  # the frames that opened it count
         self._looks_against = 0
-        self._went_on_hum = self._away = False
+        self._went_on_hum = False
+        self._sound.begin()
         self._over_bot = state == State.INTERRUPTED
-        self.judged = None
         self._paused = False
         self._features = Features()
         self._utterance_start = t - self._speech_run  # start of the speech run that opened it
