@@ -18,14 +18,14 @@ class Driver:
 
     def frames(self, pattern: str, level: float | None = None):
         """'#' speech, '.' silence: one 32 ms VAD frame each; `level`: the speech frames' RMS.
-        '~': speech 12 dB below `level` (a room's reverberation filling the gap between two
-        syllables), '_': speech 30 dB below it (the same gap said into the microphone), ',':
-        silence to Silero 24 dB below it (the room's tail after the last word). With a `level`,
+        '~' then '-': speech 12 and 26 dB below `level` (a syllable's end drawn out by a room's
+        reverberation), '_': speech 30 dB below it (the same gap said into the microphone), ',':
+        silence to Silero 32 dB below it (the room's tail after the last word). With a `level`,
         each frame's two level steps (`turned_away.STEP_S`) are its level."""
         for ch in pattern:
             self.t = round(self.t + F, 6)
-            speech = ch in "#~_"
-            lv = 0.001 if ch == "." or level is None else level * {"#": 1.0, "~": 0.25, "_": 0.03, ",": 1 / 16}[ch]
+            speech = ch in "#~-_"
+            lv = 0.001 if ch == "." or level is None else level * {"#": 1.0, "~": 0.25, "-": 0.05, "_": 0.03, ",": 1 / 40}[ch]
             steps = () if level is None else (lv, lv)
             self.log += self.m.on_vad(self.t, 0.9 if speech else 0.05, F, level if ch == "#" else lv, steps)
         return self
@@ -191,27 +191,27 @@ def test_speech_over_the_bot_quieter_and_more_reverberant_than_the_user_is_side_
     # gaps between syllables filled by the room (falls of 12 dB where their turn fell 50 dB)
     d = speaking_bot(user_level=0.3)
     n = len(d.log)
-    d.frames("#~" * 6, level=0.2)  # 0.38 s: paused, not judged yet
+    d.frames("#~-" * 4, level=0.2)  # 0.38 s: paused, not judged yet
     assert d.kinds()[n:] == [PauseReply, StartUtterance] and d.m.overlap_undecided
     d.frames("#", level=0.2)  # 0.4 s: the reply goes on while it is said
     assert d.log[-1] == ResumeReply(d.t, words_due=True) and d.m.going_on
-    assert d.m.judged == (-3.5, 0.24, True)  # for the trace: level and fall against the user's
+    assert d.m.judged == (-3.5, 0.28, True)  # for the trace: level and fall against the user's
     assert d.m.on_overlap_words(d.t, "Can you close the window") == []  # by words, a request
     assert d.m.on_words(d.t, "Can you close the window") == []
-    d.frames("~#" * 20 + "." * 8, level=0.2).eou(0.9)
+    d.frames("#~-" * 13 + "." * 8, level=0.2).eou(0.9)
     assert d.kinds()[-1] == EndOfTurn and d.m.state == B
     d.log += d.m.on_final(d.t, "Can you close the window? It's getting cold in here.")
     assert d.kinds()[-1] == DiscardTranscript and d.m.state == B, "it was taken for a turn"
     # words that ask the bot to stop or wait are for it, wherever the user faces
     d = speaking_bot(user_level=0.3)
-    d.frames("#~" * 7, level=0.2)
+    d.frames("#~-" * 5, level=0.2)
     assert d.m.going_on
     start = next(c for c in d.log if isinstance(c, PauseReply)).t_speech_start
     assert d.m.on_overlap_words(d.t, "Wait, stop") == []
     d.frames("#", level=0.2)
     assert d.m.on_overlap_words(d.t, "Wait, stop the story") == [PauseReply(d.t, start)]
     n = len(d.log)
-    d.frames("~#" * 5, level=0.2)
+    d.frames("#~-" * 3, level=0.2)
     assert not any(isinstance(c, ResumeReply) for c in d.log[n:]) and d.m.overlap_undecided, "its sound let it go on again"
     d.frames("." * 8, level=0.2).eou(0.9)
     d.log += d.m.on_final(d.t, "Wait, stop the story.")
@@ -221,10 +221,10 @@ def test_speech_over_the_bot_quieter_and_more_reverberant_than_the_user_is_side_
 def test_side_talk_stays_no_turn_when_the_reply_ends_while_it_is_said_and_is_judged_at_a_silence():
     # by its sound: the story ends while the user still talks to someone else
     d = speaking_bot(user_level=0.3)
-    d.frames("#~" * 7, level=0.2)
+    d.frames("#~-" * 5, level=0.2)
     assert d.m.going_on
     d.m.on_reply_finished(d.t)
-    d.frames("~#" * 20 + "." * 8, level=0.2).eou(0.9)
+    d.frames("#~-" * 13 + "." * 8, level=0.2).eou(0.9)
     assert d.kinds()[-1] == EndOfTurn and d.m.state == T
     d.log += d.m.on_final(d.t, "Can you close the window? It's getting cold in here.")
     assert d.kinds()[-1] == DiscardTranscript and d.m.state == L
@@ -245,7 +245,7 @@ def test_side_talk_stays_no_turn_when_the_reply_ends_while_it_is_said_and_is_jud
     assert d.kinds()[-1] == EndOfTurn and d.m.state == T
     # "Hey," then a breath, said away: the fall into that silence tells before 0.4 s of it
     d = speaking_bot(user_level=0.3)
-    d.frames("#~" * 4 + "#" + "~~,,,", level=0.2)  # 0.35 s of speech, then the room's tail
+    d.frames("#~-" * 4 + ",,,", level=0.2)  # 0.38 s of speech, then the room's tail
     assert d.m.overlap_undecided
     t_end = next(c for c in reversed(d.log) if isinstance(c, SpeechStopped)).t_speech_end
     assert d.m.on_early_words(d.t, "Hey.", t_end) == [EndOfTurn(t_end), ResumeReply(d.t, words_due=True)]
@@ -269,14 +269,14 @@ def test_side_talk_stays_no_turn_when_the_reply_ends_while_it_is_said_and_is_jud
         d.m.on_reply_started(d.t)
     # "Babe," then a pause long enough for the end of turn to be weighed, then the rest of it
     d = speaking_bot(user_level=0.3)
-    d.frames("#~#~#~" + "," * 8, level=0.2)
+    d.frames("#~-#~-" + "," * 8, level=0.2)
     assert d.m.state == P and d.m.overlap_undecided
-    d.frames("~#~#", level=0.2)
+    d.frames("#~-#", level=0.2)
     assert d.m.state == U and d.log[-1] == ResumeReply(d.t, words_due=True) and d.m.going_on
 
 
 def test_quiet_dry_or_reverberant_loud_speech_over_the_bot_is_the_users():
-    for level, said in ((0.2, "#_" * 7), (0.3, "#~" * 7)):  # quieter but said into the mic; as loud as the user
+    for level, said in ((0.2, "#_" * 7), (0.3, "#~-" * 5)):  # quieter but said into the mic; as loud as the user
         d = speaking_bot(user_level=0.3)
         n = len(d.log)
         d.frames(said + "#" * 10, level=level)
@@ -291,7 +291,7 @@ def test_quiet_dry_or_reverberant_loud_speech_over_the_bot_is_the_users():
             d.log += d.m.on_final(d.t, "tell me a story")
             d.m.on_reply_started(d.t)
         n = len(d.log)
-        d.frames("#~" * 12, level=0.2)
+        d.frames("#~-" * 8, level=0.2)
         assert d.kinds()[n:] == [PauseReply, StartUtterance] and d.m.overlap_undecided
 
 

@@ -4,19 +4,21 @@ else in the room, rather than to the bot: quieter than their own turns, and reve
 Words alone cannot tell "Can you close the window?" said to the bot from the same words said to
 someone across the room; the sound can. Said into the microphone, the end of a syllable falls
 20-40 dB within 32 ms; said away from it, the room's reverberation (the direct sound and a
-tail about as loud as each other, RT60 0.3-0.5 s) holds the fall to 7-15 dB, and the level
-drops 3-10 dB. `SharpestFall` measures the largest fall over `FALL_STEPS` 16 ms steps of an
-utterance. Both figures are judged against the user's own turns, so that the microphone, the
-voice, its usual level and the room's usual reverberation cancel out; with no turn of the
-user's heard yet nothing is judged.
+tail about as loud as each other, RT60 0.3-0.5 s) draws the same fall out over 100 ms and more,
+and the level drops 3-10 dB. `SharpestFall` measures an utterance's largest fall within 32 ms
+and within 128 ms; a fall is judged only once a syllable has ended (the 128 ms fall at least
+half the user's sharpest): voiced speech can run for half a second with no fall at all, and no
+fall is no sign of a room. Every figure is judged against the user's own turns, so that the
+microphone, the voice, its usual level and the room's usual reverberation cancel out; with no
+turn of the user's heard yet nothing is judged. Levels are floored at `FLOOR_DB`.
 
 On `duplex bench overlap`'s audio (flite's and Piper's voices, the side talk 3-6 dB below the
 user with a synthetic room, RT60 0.3-0.5 s), fed as the listener feeds it (Silero's frames, the
-levels of the audio ring), at the first judgement 0.4 s in: side talk fell 0.16-0.36 of the
-user's own sharpest fall (one item 0.56), interruptions that were as quiet (2.5 dB or more below
-the user) 0.44-0.8 (Piper's voice the lowest), louder ones as little as 0.02 ("Sorry, ..." said
-softly), hence both signals together and a ratio of 0.4. Words that ask the bot to stop or wait
-still stop it (turns.py).
+levels of the audio ring), once a syllable had ended: side talk fell 0.21-0.44 of the user's
+sharpest fall within 32 ms (one item 0.56, one with no syllable's end in its first second),
+interruptions 0.55-0.95 (Piper's voice the lowest), hence a ratio of 0.45; interruptions 2.5-5 dB
+below the user's loudest frame are common that early (their loudest syllable has not come yet),
+hence both signals together. Words that ask the bot to stop or wait still stop it (turns.py).
 """
 from __future__ import annotations
 
@@ -27,6 +29,10 @@ from dataclasses import dataclass
 
 STEP_S = 0.016  # the steps whose levels are compared
 FALL_STEPS = 2  # a fall is measured over this many steps (32 ms)
+END_STEPS = 8  # ... and a syllable's end over this many (128 ms), however the room draws it out
+# levels are floored here (dBFS), below any microphone's noise: a fall into digital silence (a
+# file's, a noise gate's) would otherwise be a fall of 150 dB, and make every other look gentle
+FLOOR_DB = -70.0
 
 
 def level_db(rms: float) -> float:
@@ -34,21 +40,23 @@ def level_db(rms: float) -> float:
 
 
 class SharpestFall:
-    """The largest fall in level (dB) from one `STEP_S` step to the one `FALL_STEPS` later, over
-    the steps fed since the last `restart` (the steps just before it still count as the start of
-    a fall)."""
+    """The largest fall in level (dB) within `FALL_STEPS` `STEP_S` steps (`db`) and within
+    `END_STEPS` (`end_db`: a syllable ended, quickly or not), over the steps fed since the last
+    `restart` (the steps just before it still count as the start of a fall)."""
 
     def __init__(self) -> None:
-        self._recent: deque[float] = deque(maxlen=FALL_STEPS)
-        self.db = 0.0
+        self._recent: deque[float] = deque(maxlen=END_STEPS)
+        self.db = self.end_db = 0.0
 
     def restart(self) -> None:
-        self.db = 0.0
+        self.db = self.end_db = 0.0
 
     def feed(self, rms: float) -> None:
-        level = level_db(rms)
-        if len(self._recent) == FALL_STEPS:
-            self.db = max(self.db, self._recent[0] - level)
+        level = max(level_db(rms), FLOOR_DB)
+        if self._recent:
+            recent = list(self._recent)
+            self.db = max(self.db, max(recent[-FALL_STEPS:]) - level)
+            self.end_db = max(self.end_db, max(recent) - level)
         self._recent.append(level)
 
 
@@ -63,17 +71,22 @@ class TurnedAway:
 
     after_s: float = 0.4
     level_db: float = -2.5
-    fall_ratio: float = 0.4
+    fall_ratio: float = 0.45
     carry_s: float = 2.0
+    # a fall is judged only once a syllable has ended (a fall over `END_STEPS` this share of the
+    # user's sharpest): "Can you close ..." runs on voiced for half a second with no fall at all
+    end_ratio: float = 0.5
 
-    def judge(self, peak: float, fall_db: float, user_peak: float, user_fall_db: float,
+    def judge(self, peak: float, fall: SharpestFall, user_peak: float, user_fall_db: float,
               still_away: bool = False) -> bool:
-        """`peak`, `user_peak`: RMS of the loudest frames; `fall_db`, `user_fall_db`: sharpest falls;
-        `still_away`: speech judged away ended less than `carry_s` before this began."""
+        """`peak`, `user_peak`: RMS of the loudest frames; `fall`: the speech's falls,
+        `user_fall_db`: the user's sharpest; `still_away`: speech judged away ended less than
+        `carry_s` before this began."""
         if peak <= 0.0 or user_peak <= 0.0 or user_fall_db <= 0.0:
             return False
         quieter = level_db(peak) - level_db(user_peak) <= self.level_db
-        return quieter and (still_away or fall_db <= self.fall_ratio * user_fall_db)
+        reverberant = fall.end_db >= self.end_ratio * user_fall_db and fall.db <= self.fall_ratio * user_fall_db
+        return quieter and (still_away or reverberant)
 
 
 class SoundOfOverlaps:
@@ -110,8 +123,8 @@ class SoundOfOverlaps:
             return self.away
         user_fall = statistics.median(self._user_falls)
         still = self._away_ended is not None and start - self._away_ended <= c.carry_s
-        self.away = c.judge(peak, self.fall.db, user_peak, user_fall, still)
-        if self.judged is None or self.away:
+        self.away = c.judge(peak, self.fall, user_peak, user_fall, still)
+        if (self.judged is None and self.fall.end_db >= c.end_ratio * user_fall) or self.away:
             self.judged = (round(level_db(peak) - level_db(user_peak), 1), round(self.fall.db / user_fall, 2), self.away)
         return self.away
 
