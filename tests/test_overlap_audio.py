@@ -78,19 +78,25 @@ def test_the_same_words_at_the_users_level_pause_the_bot_at_once(tmp_path):
     assert session.records[0].interrupted
 
 
-def test_a_long_hum_lets_the_story_go_on_before_it_ends_and_is_no_turn(tmp_path):
+def assert_the_story_went_on_while_it_was_said(session, tracer, what: str) -> None:
+    """The story paused for the speech over it, went on before that speech ended, played to its
+    end, and the speech was no turn."""
     from agent.tracing.trace import Ev
 
-    hum = say("Mm-hmm.", tmp_path / "h.wav")  # the user's own voice: 1.1 s of flite's slt
-    session, tracer = run(tmp_path, hum)
     events = tracer.events()
     paused = next(e for e in events if e.name == Ev.REPLY_PAUSED)
     resumed = next(e for e in events if e.name == Ev.RESUME and e.ts_ns > paused.ts_ns)
-    hum_end = next(e for e in events if e.name == Ev.USER_SPEECH_END and e.ts_ns > paused.ts_ns)
-    assert resumed.ts_ns < hum_end.ts_ns, "the story waited for the end of the hum"
+    said_end = next(e for e in events if e.name == Ev.USER_SPEECH_END and e.ts_ns > paused.ts_ns)
+    assert resumed.ts_ns < said_end.ts_ns, f"the story waited for the end of the {what}"
     first = session.records[0]
     assert first.reply_text and not first.interrupted and first.heard_text == first.reply_text
-    assert [m["role"] for m in session.history] == ["user", "assistant"], "the hum was answered"
+    assert [m["role"] for m in session.history] == ["user", "assistant"], f"the {what} was answered"
+
+
+def test_a_long_hum_lets_the_story_go_on_before_it_ends_and_is_no_turn(tmp_path):
+    hum = say("Mm-hmm.", tmp_path / "h.wav")  # the user's own voice: 1.1 s of flite's slt
+    session, tracer = run(tmp_path, hum)
+    assert_the_story_went_on_while_it_was_said(session, tracer, "hum")
 
 
 def turned_away(tmp_path, room: bool) -> np.ndarray:
@@ -105,17 +111,8 @@ def turned_away(tmp_path, room: bool) -> np.ndarray:
 
 
 def test_a_request_said_to_someone_across_the_room_lets_the_story_go_on_and_is_no_turn(tmp_path):
-    from agent.tracing.trace import Ev
-
     session, tracer = run(tmp_path, turned_away(tmp_path, room=True))
-    events = tracer.events()
-    paused = next(e for e in events if e.name == Ev.REPLY_PAUSED)
-    resumed = next(e for e in events if e.name == Ev.RESUME and e.ts_ns > paused.ts_ns)
-    said_end = next(e for e in events if e.name == Ev.USER_SPEECH_END and e.ts_ns > paused.ts_ns)
-    assert resumed.ts_ns < said_end.ts_ns, "the story waited for the end of the side talk"
-    first = session.records[0]
-    assert first.reply_text and not first.interrupted and first.heard_text == first.reply_text
-    assert [m["role"] for m in session.history] == ["user", "assistant"], "the side talk was answered"
+    assert_the_story_went_on_while_it_was_said(session, tracer, "side talk")
 
 
 def test_the_same_request_as_quiet_said_into_the_microphone_cuts_the_story(tmp_path):
