@@ -21,10 +21,12 @@ class AudioRing:
         self._buf[:x.size - k] = x[k:]
         self._n += total
 
-    def window_levels(self, count: int, window: int) -> list[float]:
-        """RMS of the last `count` complete `window`-sample windows of the stream (windows
-        aligned with its first sample, as the VAD's are); fewer if the ring no longer holds them."""
-        x = self.last_whole(count * window, window)
+    def window_levels(self, count: int, window: int, align: int | None = None) -> list[float]:
+        """RMS of the last `count` complete `window`-sample windows of the stream, ending where
+        the last complete `align`-sample window ends (both aligned with its first sample, as the
+        VAD's frames are; `align` defaults to `window`); fewer if the ring no longer holds them.
+        Finer windows read with the VAD's frame as `align` end where its last scored frame does."""
+        x = self.last_whole(count * window, align or window)
         whole = x.size - x.size % window
         if whole == 0:
             return []
@@ -53,3 +55,10 @@ class AudioRing:
     def since(self, start: int) -> np.ndarray:
         """The samples from stream position `start` on (as many of them as the ring still holds)."""
         return self.last(max(0, self._n - start))
+
+
+def merged_levels(levels: list[float], per: int) -> list[float]:
+    """RMS levels of equal windows, `per` at a time, as the levels of windows `per` times as
+    long (the last ones; a leading remainder is dropped)."""
+    x = np.asarray(levels[len(levels) % per:], np.float64).reshape(-1, per)
+    return np.sqrt(np.mean(np.square(x), axis=1)).tolist()

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from agent.conversation.records import TurnLog, TurnRecord
-from asr.ring import AudioRing
+from asr.ring import AudioRing, merged_levels
 from agent.conversation.turns import TurnMachine
 
 
@@ -34,6 +34,18 @@ def test_audio_ring_windows_stay_aligned_with_the_stream_start():
         got = ring.window_levels(2, 512)
         assert len(got) == min(2, len(want), (1500 - s.size % 512) // 512)
         assert np.allclose(got, want[len(want) - len(got):])
+
+
+def test_finer_levels_end_where_the_vads_last_frame_ends():
+    # the turned-away judgement's 16 ms steps and the VAD's 32 ms frame levels come from one
+    # read: with half a frame pending, the steps must not run past the last scored frame
+    ring = AudioRing(4096)
+    x = np.concatenate([np.full(512, 0.1), np.full(512, 0.2), np.full(300, 0.9)]).astype(np.float32)
+    ring.push(x)
+    steps = ring.window_levels(4, 256, 512)
+    assert np.allclose(steps, [0.1, 0.1, 0.2, 0.2])
+    assert np.allclose(merged_levels(steps, 2), ring.window_levels(2, 512))
+    assert np.allclose(merged_levels([3.0, 4.0, 4.0], 2), [4.0])  # a leading odd step is dropped
 
 
 def test_turn_log_keeps_recent_turns_by_absolute_index():

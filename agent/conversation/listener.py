@@ -37,7 +37,7 @@ from agent.tracing.trace import Ev, Stage
 from agent.workers import cancel_and_wait, run_in
 from asr.base import SPEECH_RATE as VAD_RATE
 from asr.base import Gap, Partial, RecognizerFailed, RecognizerStream, StreamingRecognizer, Utterances, Word
-from asr.ring import AudioRing
+from asr.ring import AudioRing, merged_levels
 from asr.vad import FRAME as VAD_FRAME
 from asr.words import HeardWords
 from llm.base import ReadAheadStop
@@ -143,8 +143,8 @@ class Listener:
         self._recent.push(x)
         await self._feed_recognizer(ev, x)
         probs = await run_in("vad", self._vad, x)
-        levels = self._recent.window_levels(len(probs), VAD_FRAME)
-        steps = self._recent.window_levels(len(probs) * STEPS_PER_FRAME, VAD_FRAME // STEPS_PER_FRAME)
+        steps = self._recent.window_levels(len(probs) * STEPS_PER_FRAME, VAD_FRAME // STEPS_PER_FRAME, VAD_FRAME)
+        levels = merged_levels(steps, STEPS_PER_FRAME)
         await self._carry_out(self.machine.on_vad(probs, levels, x.size / VAD_RATE, VAD_FRAME_S, steps))
 
     async def _feed_recognizer(self, ev: AudioIn, x16: np.ndarray) -> None:

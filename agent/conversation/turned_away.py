@@ -54,9 +54,9 @@ class SharpestFall:
     def feed(self, rms: float) -> None:
         level = max(level_db(rms), FLOOR_DB)
         if self._recent:
-            recent = list(self._recent)
-            self.db = max(self.db, max(recent[-FALL_STEPS:]) - level)
-            self.end_db = max(self.end_db, max(recent) - level)
+            last = max(self._recent[-i] for i in range(1, min(FALL_STEPS, len(self._recent)) + 1))
+            self.db = max(self.db, last - level)
+            self.end_db = max(self.end_db, max(self._recent) - level)
         self._recent.append(level)
 
 

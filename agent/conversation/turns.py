@@ -570,11 +570,12 @@ class TurnMachine:
 
     def on_final(self, t: float, text: str) -> list[Command]:
         """The final transcript of the turn that ended first of those awaiting theirs."""
-        own, resumed, peak, hum, fall, away, over_bot = self._finals.popleft() if self._finals else _Ended(False, False, 0.0)
-        if own and resumed:  # a brief overlap the reply went on after, or speech it went on over
+        ended = self._finals.popleft() if self._finals else _Ended(False, False, 0.0)
+        own, peak, away = ended.own, ended.peak, ended.away
+        if own and ended.resumed:  # a brief overlap the reply went on after, or speech it went on over
             words = self._interrupts(text, away)
             echo = bool(words) and self._below_the_user(peak)
-            if words and not echo and not (hum and not opens_with_backchannel(text, self.config.backchannels)):
+            if words and not echo and not (ended.hum and not opens_with_backchannel(text, self.config.backchannels)):
                 return self._cut_resumed(t)
             return [DiscardTranscript(t, echo=echo)]
         if own and self._interrupted_at is not None:
@@ -586,14 +587,14 @@ class TurnMachine:
             if self.state == State.THINKING:  # else the user speaks again: that utterance decides
                 out += self._resume(t)
             return out
-        if not own and over_bot and self._side_talk(text, away):
+        if not own and ended.over_bot and self._side_talk(text, away):
             # said to someone else over the bot, whose reply ended meanwhile: no turn either
             if self.state == State.THINKING:
                 self._go(t, State.LISTENING)
             return [DiscardTranscript(t)]
         if not own and not away and peak > 0.0 and interrupting_words(text, self.config.backchannels):
             self._user_peaks.append(peak)  # the user's own voice, as this line delivers it
-            self._sound.user_turn(fall)
+            self._sound.user_turn(ended.fall)
         if (self.state == State.THINKING and self._interrupted_at is None
                 and not any(ch.isalnum() for ch in text)):
             self._go(t, State.LISTENING)  # noise, with no reply to go back to
