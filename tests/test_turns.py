@@ -156,6 +156,35 @@ def test_speech_over_the_bot_far_quieter_than_the_user_neither_pauses_nor_interr
     assert d.kinds()[-1] == CancelReply and d.m.state == T
 
 
+def test_a_quiet_voice_that_talked_over_the_bot_and_goes_on_after_it_is_no_turn():
+    # a TV 20 dB below the user goes on talking after the story ends: a person would not answer it
+    d = speaking_bot(user_level=0.3)
+    n = len(d.log)
+    d.frames("#" * 20, level=0.03)
+    d.m.on_reply_finished(d.t)
+    d.frames("#" * 30 + "." * 20 + "#" * 30 + "." * 8, level=0.03)  # a breath between its sentences
+    assert d.kinds()[n:] == [] and d.m.state == L
+    d.frames("#" * 5, level=0.25)  # the user, at their own level, over it
+    assert d.kinds()[n:] == [StartUtterance] and d.m.state == U
+    # one that begins once it has been quiet a while is heard as it is today
+    d = speaking_bot(user_level=0.3)
+    d.m.on_reply_finished(d.t)
+    d.frames("#" * 20, level=0.03)
+    assert d.kinds()[-1] == StartUtterance, "no voice was held back: it may be the user's"
+    d = speaking_bot(user_level=0.3)
+    d.frames("#" * 20, level=0.03)
+    d.m.on_reply_finished(d.t)
+    d.frames("." * 70 + "#" * 10, level=0.03)  # 2.2 s later
+    assert d.kinds()[-1] == StartUtterance
+    # today's behaviour is one setting away
+    d = speaking_bot(user_level=0.3)
+    d.m.config.quiet_voice_carry_s = None
+    d.frames("#" * 20, level=0.03)
+    d.m.on_reply_finished(d.t)
+    d.frames("#" * 10, level=0.03)
+    assert d.kinds()[-1] == StartUtterance
+
+
 def test_quiet_speech_that_grows_to_the_users_level_pauses_the_bot_then_and_its_words_interrupt():
     d = speaking_bot(user_level=0.3)
     n = len(d.log)

@@ -7,7 +7,8 @@ machine's overlap settings (agent/conversation/turns.py, `TurnConfig`) and nothi
   resumes it: every "yeah" and every voice across the room costs seconds of silence, and a "yeah"
   or an "okay" starts a new reply (the behaviour before overlaps were told apart).
 - `balanced` (the default): speech far below the user's own level (a TV, a voice across the
-  room, the echo) neither pauses nor cuts the bot; backchannel words do not cut it, nor words
+  room, the echo) neither pauses nor cuts the bot, nor is it a turn when it goes on after the
+  reply has ended; backchannel words do not cut it, nor words
   that open by calling someone else ("Honey, ..."); the words of speech over it are looked at
   while it is said (from 0.3 s on), and a backchannel, a hum or words calling someone else let
   it go on at once, as does speech quieter and more reverberant than the user's own turns (said

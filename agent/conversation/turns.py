@@ -111,6 +111,11 @@ Defaults, and why:
   far below the user's turns neither pauses the bot nor starts an utterance (a voice across the
   room, a TV at -20 dB, the echo's bursts); once it grows to the user's level it pauses it as
   usual. `None`: any speech over the bot pauses it.
+- `quiet_voice_carry_s` 2.0: such speech goes on after the reply ends (a TV mid-sentence): as
+  quiet, within 2 s of the last of it held back over the bot, it is no turn either (`duplex bench
+  overlap` had answered slt's "... with a high of seventy degrees" once the story ended under
+  it). Quiet speech that begins with the bot silent and no such voice before it is a turn as
+  ever: the user may have stepped back from the microphone.
 - `brief_overlap_s` (0.2, 0.8), `brief_overlap_wait_s` 0.45: a backchannel over the bot costs a
   silence of itself plus 0.45 s at most (flite's "yeah", "right", "uh-huh": 0.3-0.5 s of Silero
   speech), or less when its words come sooner, instead of itself plus the end of turn's wait and
@@ -141,6 +146,7 @@ Defaults, and why:
 """
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections import deque
@@ -229,6 +235,10 @@ class TurnConfig:
     # speech over the bot this far below the user's own level neither pauses nor interrupts it:
     # the bot's echo, a TV, a voice across the room (None: any speech pauses it)
     echo_level_db: float | None = -12.0
+    # ... and with the bot silent too, speech as quiet that goes on within this long of speech
+    # held back so: the TV that talked over the reply goes on after it ends, and is no turn
+    # (None: only speech over the bot is held back)
+    quiet_voice_carry_s: float | None = 2.0
     # speech over the bot lasting between these (seconds) lets it go on the moment it ends, before
     # its words are known: a backchannel costs a silence as long as itself, not its decode too;
     # words in its final still cut the reply then (None: the reply waits for the words)
@@ -340,6 +350,7 @@ class TurnMachine:
         self._stop_run = 0.0  # seconds of consecutive silent or quiet frames (the decode trigger)
         self._peak_level = 0.0  # loudest speech frame of the current utterance (RMS)
         self._run_peak = 0.0  # ... of the current run of speech frames (an utterance's first ones)
+        self._quiet_voice_at = -math.inf  # speech the level gate last held back (`quiet_voice_carry_s`)
         self._last_speech_end = 0.0
         self._utterance_start = 0.0
         self._stopped = False  # SpeechStopped sent for the current silence
@@ -441,11 +452,13 @@ class TurnMachine:
 
         out: list[Command] = []
         s = self.state
+        if s in (State.THINKING, State.BOT_SPEAKING) and self.in_speech and self._below_the_user(self._run_peak):
+            self._quiet_voice_at = t
         if (self._interrupted_at is not None and not self.in_speech and self._stop_run >= c.brief_overlap_wait_s
                 and s in (State.INTERRUPTED, State.ENDPOINT_PENDING) and self._brief_overlap()):
             return self._go_on(t)  # its words are not known yet: its final decides later
         if s == State.LISTENING:
-            if spoke(c.min_speech_s):
+            if spoke(c.min_speech_s) and not self._held_back(t):
                 out.append(self._start_user(t, State.USER_SPEAKING))
         elif s in (State.USER_SPEAKING, State.INTERRUPTED):
             if (resume := self._check_false_interruption(t)):
@@ -682,6 +695,15 @@ class TurnMachine:
         if db is None or not self._user_peaks or peak <= 0.0:
             return False
         return peak < statistics.median(self._user_peaks) * 10.0 ** (db / 20.0)
+
+    def _held_back(self, t: float) -> bool:
+        """Speech as quiet as the level gate holds back over the bot, going on within
+        `quiet_voice_carry_s` of speech it held back: the same voice, not the user's."""
+        carry = self.config.quiet_voice_carry_s
+        if carry is None or t - self._quiet_voice_at > carry or not self._below_the_user(self._run_peak):
+            return False
+        self._quiet_voice_at = t
+        return True
 
     def _check_false_interruption(self, t: float) -> list[Command]:
         """`false_interruption_s` of silence after the speech over the bot, with no words and
