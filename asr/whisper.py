@@ -100,6 +100,11 @@ class WhisperOptions:
     # a short window is 2-3 times quicker (~40 against ~100 ms) and repeats words more ("Right Right
     # Right"), which does not change what a look tells: a backchannel from words
     glance_window_pad_s: float | None = 2.0
+    # ... and a look's words stop after this many tokens: a look tells a backchannel, a name or
+    # words, which its first few tokens do, and a short window often loops to the token limit
+    # ("Okay Okay Okay ...": 100-170 ms beside the voice against ~40) while the decode at the
+    # silence waits for it (None: the limit of a decode that long)
+    glance_max_tokens: int | None = 10
     # An unsure final (average log-prob below this) is decoded again on Whisper's full 30 s
     # window, and that answer is kept when it is surer by `unsure_margin` (None: never).
     unsure_logprob: float | None = RECHECK_LOGPROB
@@ -149,12 +154,13 @@ class WhisperRecognizer:
     def transcribe(self, audio: np.ndarray, word_timestamps: bool = False,
                    keep_going: Callable[[], bool] | None = None,
                    beam_size: int | None = None, final: bool = False,
-                   pad_s: float | None = None) -> tuple[str, tuple[Word, ...]] | None:
+                   pad_s: float | None = None, max_tokens: int | None = None) -> tuple[str, tuple[Word, ...]] | None:
         """Decode one buffer of float32 16 kHz audio. Blocking. `keep_going` is asked before the
         decode and again after the encoder (about half of it); when it says no, the decode is
         abandoned and None is returned. `beam_size` defaults to the options' (partials');
         `final`: the decode a reply answers, asked again when unsure (`unsure_logprob`); `pad_s`:
-        the encoder window's padding (default `window_pad_s`)."""
+        the encoder window's padding (default `window_pad_s`); `max_tokens`: fewer tokens than a
+        decode that long may have (with the short window only)."""
         if audio.size < SPEECH_RATE // 10:
             return "", ()
         beam = self.options.beam_size if beam_size is None else beam_size
@@ -162,7 +168,7 @@ class WhisperRecognizer:
             if keep_going is not None and not keep_going():
                 return None
             if self.options.window_pad_s is not None:
-                return self._transcribe_window(audio, word_timestamps, keep_going, beam, final, pad_s)
+                return self._transcribe_window(audio, word_timestamps, keep_going, beam, final, pad_s, max_tokens)
             # One pass with a token budget that follows the audio's length: Whisper's
             # temperature fallback re-decodes up to six times.
             segments, _ = self.model.transcribe(
@@ -184,7 +190,7 @@ class WhisperRecognizer:
     def _transcribe_window(self, audio: np.ndarray, word_timestamps: bool,
                            keep_going: Callable[[], bool] | None = None,
                            beam_size: int = 1, final: bool = False,
-                           pad_s: float | None = None) -> tuple[str, tuple[Word, ...]] | None:
+                           pad_s: float | None = None, max_tokens: int | None = None) -> tuple[str, tuple[Word, ...]] | None:
         """One decode with the encoder window cut to the audio plus `window_pad_s` (a `final`
         one unsure of it: again on the full window, `WhisperOptions.unsure_logprob`)."""
         from faster_whisper.transcribe import get_compression_ratio, merge_punctuations
@@ -194,6 +200,7 @@ class WhisperRecognizer:
         frames = feats.shape[-1]
         limit = model.feature_extractor.nb_max_frames
         pad = int((self.options.window_pad_s if pad_s is None else pad_s) * 100)
+        budget = min(_token_budget(audio), max_tokens or _token_budget(audio))
         window = min(limit, -(-(frames + pad) // 100) * 100)
 
         def encode(window: int):
@@ -204,7 +211,7 @@ class WhisperRecognizer:
         def generate(encoded, previous: list[int], beam: int):
             prompt = [*previous, *tok.sot_sequence, tok.no_timestamps]
             result = model.model.generate(
-                encoded, [prompt], beam_size=beam, max_length=len(prompt) + _token_budget(audio),
+                encoded, [prompt], beam_size=beam, max_length=len(prompt) + budget,
                 suppress_blank=True, suppress_tokens=suppress,
                 return_scores=True, return_no_speech_prob=True)[0]
             tokens = drop_repeated_tail([t for t in result.sequences_ids[0] if t < tok.eot])
@@ -402,7 +409,8 @@ class UtteranceDecoder:
         """The text of the first `n_samples` of the utterance, greedy, on a short window
         (`glance_window_pad_s`), with no word times or second look, changing nothing."""
         rec = self.recognizer
-        out = rec.transcribe(self._buf[:max(0, min(int(n_samples), self._n))], pad_s=rec.options.glance_window_pad_s)
+        out = rec.transcribe(self._buf[:max(0, min(int(n_samples), self._n))], pad_s=rec.options.glance_window_pad_s,
+                             max_tokens=rec.options.glance_max_tokens)
         return out[0] if out is not None else ""
 
     def finalize(self, n_samples: int | None = None) -> Hypothesis:

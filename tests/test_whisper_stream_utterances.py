@@ -86,3 +86,26 @@ async def test_a_look_at_the_words_so_far_tells_a_backchannel_from_words_and_kee
     assert all(isinstance(ev, (WordEvent, Flushed)) for ev in events)
     assert [w for ev in events if isinstance(ev, WordEvent) for w in _words(ev.word.text)] == \
         ["please", "stop", "talking", "now"]
+
+
+def test_a_look_stops_after_its_first_tokens_and_a_decode_does_not(recognizer, tmp_path):
+    # a look tells a backchannel, a name or words: its first tokens do, and the rest of a long
+    # utterance (or a short window's loop) would hold the decode at the silence back
+    import dataclasses
+
+    from asr.whisper import UtteranceDecoder
+
+    said = say("Hey, could you turn the oven off for me before you go to bed tonight?", tmp_path / "a.wav")
+    x = np.concatenate([np.zeros(RATE * 3 // 10, np.float32), said])
+    whisper = recognizer.whisper
+    decoder = UtteranceDecoder(whisper)
+    decoder.push(x)
+    whole = _words(decoder.decode(x.size, recheck=False).text)
+    look = _words(decoder.glance(x.size))
+    assert whisper.options.glance_max_tokens is not None and 2 <= len(look) < len(whole) and look == whole[:len(look)], (look, whole)
+    options = whisper.options
+    whisper.options = dataclasses.replace(options, glance_max_tokens=None)
+    try:
+        assert len(_words(decoder.glance(x.size))) > len(look)
+    finally:
+        whisper.options = options
