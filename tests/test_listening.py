@@ -453,3 +453,15 @@ def test_words_that_cut_the_reply_at_a_silence_are_judged_as_the_end_of_a_turn()
     n = len(d.log)
     d.decoded("Hold on.")
     assert UserBargedIn in d.kinds(n) and CheckTextTurn not in d.kinds(n) and PauseTranscript not in d.kinds(n)
+    d.frames("." * 11)  # Piper's comma pause runs to 0.38 s: the pause comes, and still no verdict
+    assert CheckTextTurn not in d.kinds(n) and PauseTranscript not in d.kinds(n) and not d.ended
+    d.frames("#" * 20 + ".")  # "... what is the opposite of hot?": one turn with its lead words
+    assert not d.ended
+    # said alone, "Hold on." ends its turn after the policy's longest wait (1.5 s)
+    d = Driver(endpointing=CombinedPolicy()).frames("#" * 20 + ".").early().decoded("tell me a story").text(0.9)
+    d.frames("." * 7).final("tell me a story").bot_speaks()
+    d.frames("#" * 14 + ".").looked("Hold on").early().decoded("Hold on.")
+    d.frames("." * 44)
+    assert not d.ended
+    d.frames("." * 3)
+    assert d.ended

@@ -42,7 +42,9 @@ The rules, and why:
   turn of the user's own, whose end that silence then judges as any other's (else the
   interruption's question waited the policy's longest wait), unless they are only an
   interruption's lead words ("Hold on.", `only_lead_words`): the text model calls those
-  complete, and the user goes on after them.
+  complete, and the user goes on after them. A transcript of lead words alone is never judged
+  (not at that silence, nor at its pause: Piper's comma after "Hold on," runs to 0.38 s, and
+  "Hold on." was answered as a turn of its own): the turn waits the policy's longest wait.
 - An `audio_first` policy asks smart-turn at that silence, alone, before the decode (beside it
   or the LLM's prompt it would take the cores they need), and again at the pause unless asked for
   this silence; one check runs at a time. The combined policy asks it after the text score, and
@@ -540,6 +542,8 @@ class ListenMachine:
         it ends the turn. Only while the turn is open."""
         if not self._open_turn() or not any(ch.isalnum() for ch in text):
             return
+        if only_lead_words(text, self.config.turns.backchannels):
+            return  # "Hold on," alone: the user goes on; the turn waits the policy's longest
         if self.config.speculate_before_verdict:  # a verdict that ends the turn commits it
             yield from self._offer(t_speech_end, text)
         if self.policy.uses_text_model:  # one text turn check per silence and text
