@@ -14,9 +14,10 @@ turn of the user's heard yet nothing is judged. Levels are floored at `FLOOR_DB`
 
 On `duplex bench overlap`'s audio (flite's and Piper's voices, the side talk 3-6 dB below the
 user with a synthetic room, RT60 0.3-0.5 s), fed as the listener feeds it (Silero's frames, the
-levels of the audio ring), once a syllable had ended: side talk fell 0.21-0.44 of the user's
-sharpest fall within 32 ms (one item 0.56, one with no syllable's end in its first second),
-interruptions 0.55-0.95 (Piper's voice the lowest), hence a ratio of 0.45; interruptions 2.5-5 dB
+levels of the audio ring), once a syllable had ended: side talk fell 0.19-0.36 of the user's
+sharpest fall within 32 ms (one item 0.49, one with no syllable's end in its first second),
+interruptions 0.46-1.0 (Piper's voice the lowest; 0.54 and more where they were quieter than the
+user's turns), hence a ratio of 0.45; interruptions 2.5-5 dB
 below the user's loudest frame are common that early (their loudest syllable has not come yet),
 hence both signals together. Words that ask the bot to stop or wait still stop it (turns.py).
 """
