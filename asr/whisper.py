@@ -200,7 +200,7 @@ class WhisperRecognizer:
         frames = feats.shape[-1]
         limit = model.feature_extractor.nb_max_frames
         pad = int((self.options.window_pad_s if pad_s is None else pad_s) * 100)
-        budget = min(_token_budget(audio), max_tokens or _token_budget(audio))
+        budget = _token_budget(audio) if max_tokens is None else min(max_tokens, _token_budget(audio))
         window = min(limit, -(-(frames + pad) // 100) * 100)
 
         def encode(window: int):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from itertools import islice
 from dataclasses import dataclass
 
 STEP_S = 0.016  # the steps whose levels are compared
@@ -55,8 +56,7 @@ class SharpestFall:
     def feed(self, rms: float) -> None:
         level = max(level_db(rms), FLOOR_DB)
         if self._recent:
-            last = max(self._recent[-i] for i in range(1, min(FALL_STEPS, len(self._recent)) + 1))
-            self.db = max(self.db, last - level)
+            self.db = max(self.db, max(islice(reversed(self._recent), FALL_STEPS)) - level)
             self.end_db = max(self.end_db, max(self._recent) - level)
         self._recent.append(level)
 
@@ -86,8 +86,12 @@ class TurnedAway:
         if peak <= 0.0 or user_peak <= 0.0 or user_fall_db <= 0.0:
             return False
         quieter = level_db(peak) - level_db(user_peak) <= self.level_db
-        reverberant = fall.end_db >= self.end_ratio * user_fall_db and fall.db <= self.fall_ratio * user_fall_db
+        reverberant = self.syllable_ended(fall, user_fall_db) and fall.db <= self.fall_ratio * user_fall_db
         return quieter and (still_away or reverberant)
+
+    def syllable_ended(self, fall: SharpestFall, user_fall_db: float) -> bool:
+        """A syllable of the speech has ended: its falls can be judged."""
+        return fall.end_db >= self.end_ratio * user_fall_db
 
 
 class SoundOfOverlaps:
@@ -125,7 +129,7 @@ class SoundOfOverlaps:
         user_fall = statistics.median(self._user_falls)
         still = self._away_ended is not None and start - self._away_ended <= c.carry_s
         self.away = c.judge(peak, self.fall, user_peak, user_fall, still)
-        if (self.judged is None and self.fall.end_db >= c.end_ratio * user_fall) or self.away:
+        if (self.judged is None and c.syllable_ended(self.fall, user_fall)) or self.away:
             self.judged = (round(level_db(peak) - level_db(user_peak), 1), round(self.fall.db / user_fall, 2), self.away)
         return self.away
 

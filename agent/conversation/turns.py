@@ -452,8 +452,6 @@ class TurnMachine:
 
         out: list[Command] = []
         s = self.state
-        if s in (State.THINKING, State.BOT_SPEAKING) and self.in_speech and self._below_the_user(self._run_peak):
-            self._quiet_voice_at = t
         if (self._interrupted_at is not None and not self.in_speech and self._stop_run >= c.brief_overlap_wait_s
                 and s in (State.INTERRUPTED, State.ENDPOINT_PENDING) and self._brief_overlap()):
             return self._go_on(t)  # its words are not known yet: its final decides later
@@ -490,12 +488,14 @@ class TurnMachine:
                 out.append(SpeechResumed(t))
             else:
                 out += self._policy_check(t)
-        elif (s in (State.THINKING, State.BOT_SPEAKING) and spoke(c.barge_in_min_speech_s)
-              and not self._below_the_user(self._run_peak)):  # a quieter voice is not the user's
-            if self._interrupted_at is None:  # else the reply is paused already (its final is due)
-                self._interrupted_at, self._resume_to = t, s
-                out.append(PauseReply(t, t - self._speech_run))
-            out.append(self._start_user(t, State.INTERRUPTED))
+        elif s in (State.THINKING, State.BOT_SPEAKING) and self.in_speech:
+            if self._below_the_user(self._run_peak):  # a quieter voice is not the user's
+                self._quiet_voice_at = t
+            elif spoke(c.barge_in_min_speech_s):
+                if self._interrupted_at is None:  # else the reply is paused already (its final is due)
+                    self._interrupted_at, self._resume_to = t, s
+                    out.append(PauseReply(t, t - self._speech_run))
+                out.append(self._start_user(t, State.INTERRUPTED))
         return out
 
     def on_eou(self, t: float, probability: float, t_speech_end: float | None = None) -> list[Command]:
