@@ -44,7 +44,7 @@ The rules, and why:
   interruption's lead words ("Hold on.", `only_lead_words`): the text model calls those
   complete, and the user goes on after them. A transcript of lead words alone is never judged
   (not at that silence, nor at its pause: Piper's comma after "Hold on," runs to 0.38 s, and
-  "Hold on." was answered as a turn of its own): the turn waits the policy's longest wait.
+  "Hold on." is no turn to answer on its own): the turn waits the policy's longest wait.
 - An `audio_first` policy asks smart-turn at that silence, alone, before the decode (beside it
   or the LLM's prompt it would take the cores they need), and again at the pause unless asked for
   this silence; one check runs at a time. The combined policy asks it after the text score, and

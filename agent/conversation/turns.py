@@ -111,11 +111,10 @@ Defaults, and why:
   far below the user's turns neither pauses the bot nor starts an utterance (a voice across the
   room, a TV at -20 dB, the echo's bursts); once it grows to the user's level it pauses it as
   usual. `None`: any speech over the bot pauses it.
-- `quiet_voice_carry_s` 2.0: such speech goes on after the reply ends (a TV mid-sentence): as
-  quiet, within 2 s of the last of it held back over the bot, it is no turn either (`duplex bench
-  overlap` had answered slt's "... with a high of seventy degrees" once the story ended under
-  it). Quiet speech that begins with the bot silent and no such voice before it is a turn as
-  ever: the user may have stepped back from the microphone.
+- `quiet_voice_carry_s` 2.0: such speech goes on after the reply ends (a TV's weather report
+  outlasts the story it talked over): as quiet, within 2 s of the last of it held back over the
+  bot, it is no turn either. Quiet speech that begins with the bot silent and no such voice
+  before it is a turn as ever: the user may have stepped back from the microphone.
 - `brief_overlap_s` (0.2, 0.8), `brief_overlap_wait_s` 0.45: a backchannel over the bot costs a
   silence of itself plus 0.45 s at most (flite's "yeah", "right", "uh-huh": 0.3-0.5 s of Silero
   speech), or less when its words come sooner, instead of itself plus the end of turn's wait and
