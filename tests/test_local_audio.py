@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import say, silence
+from helpers import hear_answer, say, silence
 from pulse_rig import private_pulseaudio, require_pulseaudio
 
 RATE = 16000
@@ -127,7 +127,6 @@ def _reply(events, turn: int) -> str:
 @pytest.mark.models
 def test_the_question_is_heard_and_the_answer_comes_out_of_the_speaker(conversation):
     from asr.wer import cer
-    from asr.whisper import WhisperRecognizer
 
     speaker, events, _ = conversation
     finals = [e for e in events if e.stage == "asr" and e.name == "final" and e.args.get("text")]
@@ -136,7 +135,7 @@ def test_the_question_is_heard_and_the_answer_comes_out_of_the_speaker(conversat
     bursts = _bursts(speaker)
     assert len(bursts) >= 2, f"the speaker played {len(bursts)} stretches of sound, not an answer and a story"
     a, b = bursts[0]
-    heard = WhisperRecognizer.load().transcribe(speaker[a:b].astype(np.float32) / 32768)[0]
+    heard = hear_answer(speaker[a:b].astype(np.float32) / 32768, RATE)
     reply = _reply(events, finals[0].turn)
     print("reply:", reply, "| speaker played:", heard)
     # Letters, not words: Whisper tiny splits Piper's words differently from one run to the next

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import await_until, flite_available, free_port, say
+from helpers import await_until, flite_available, free_port, hear_answer, say
 
 pytestmark = [pytest.mark.models, pytest.mark.skipif(not flite_available(), reason="flite is missing")]
 
@@ -81,10 +81,7 @@ def _quiet_for(audio: list[bytes], seconds: float = 1.5) -> bool:
 
 @pytest.mark.timeout(240)
 async def test_bot_answers_a_spoken_question(tmp_path):
-    from asr import load_recognizer
     from asr.wer import cer, wer
-    from asr.whisper import WhisperOptions
-    from transport.audio import resample
 
     port = free_port()
     cmd = [sys.executable, "-m", "examples.pipecat_bot", "--port", str(port), "--llm", "smollm2-135m"]
@@ -111,10 +108,8 @@ async def test_bot_answers_a_spoken_question(tmp_path):
     assert replies and audio, "no reply"
     reply = replies[0]
     pcm = np.concatenate([np.zeros(rate // 2, np.float32), np.frombuffer(audio, np.int16).astype(np.float32) / 32768])
-    # beam 5 (dev WER 9.9 -> 5.0 %): greedy tiny.en heard Piper's "Paris" as "Terrace" in one run in two,
-    # and beam 5 still does now and then: at most one word of the reply's in five may be misheard
-    whisper = load_recognizer("whisper-tiny.en", options=WhisperOptions(beam_size=5)).whisper
-    heard = (whisper.transcribe(resample(pcm, rate, whisper.sample_rate)) or ("",))[0]
+    # at most one word of the reply's in five may be misheard
+    heard = hear_answer(pcm, rate)
     score = wer([reply], [heard])
     print(f"reply {reply!r}, heard {heard!r}, WER {score:.3f}, CER {cer([reply], [heard]):.3f}, "
           f"voice-to-voice {v2v:.2f} s")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import duplex_serve, free_port, is_word_prefix, report_figure, say, silence, speech_onset_s, wait_until
+from helpers import duplex_serve, free_port, hear_answer, is_word_prefix, report_figure, say, silence, speech_onset_s, wait_until
 from media_stream_peers import Peer, peer
 
 with warnings.catch_warnings():
@@ -218,8 +218,6 @@ def assert_understood_and_answered(provider, marks: dict, events) -> None:
     Whisper hears as a clause break: "The capital, a Francis Pairs."); the pacing has its own test,
     and the gaps are reported."""
     from asr.wer import cer
-    from asr.whisper import WhisperRecognizer
-    from transport.audio import resample
 
     finals = [e for e in events if e.stage == "asr" and e.name == "final" and e.args.get("text")]
     assert finals, "nothing the caller said was recognised"
@@ -229,7 +227,7 @@ def assert_understood_and_answered(provider, marks: dict, events) -> None:
     answer = answer.astype(np.float32) / 32768
     assert answer.size and np.sqrt(np.mean(answer ** 2)) > 0.01, "the caller heard nothing after the question"
     reply = reply_text(events, finals[0].turn)
-    heard = WhisperRecognizer.load().transcribe(resample(answer, provider.rate, 16000))[0]
+    heard = hear_answer(answer, provider.rate)
     report_figure("telephony_answer", session=events[-1].session, gap_frames=gaps, reply=reply, heard=heard)
     assert cer([reply], [heard]) < 0.2, (reply, heard)  # letters: see tests/test_local_audio.py
 

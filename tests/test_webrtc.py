@@ -20,7 +20,7 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 from aiortc.rtp import RtpPacket
 from doubles import burst
-from helpers import await_until, flite_available, say, silence
+from helpers import await_until, flite_available, hear_answer, say, silence
 from test_serving import doubles, get, serving
 from webrtc_peer import connect, post
 
@@ -286,10 +286,7 @@ def reply_handed_off(peer, track: ReplyAudioTrack, quiet_s: float = 0.5) -> bool
 @pytest.mark.skipif(not flite_available(), reason="flite is missing")
 async def test_a_spoken_question_gets_a_spoken_reply_that_whisper_transcribes(tmp_path):
     from agent.conversation.models import ModelChoice, load_models
-    from asr import load_recognizer
     from asr.wer import cer
-    from asr.whisper import WhisperOptions
-    from transport.audio import resample
 
     models = await asyncio.to_thread(load_models, ModelChoice(llm="smollm2-135m"))
     spoken = np.concatenate([silence(0.5), say("What is the capital of France?", tmp_path / "q.wav"), silence(1.5)])
@@ -310,8 +307,7 @@ async def test_a_spoken_question_gets_a_spoken_reply_that_whisper_transcribes(tm
     # what is checked is the audio's content: on a loaded machine the reply may stall between
     # its first phrase and the rest for seconds, a hole Whisper reads as a sentence's end
     heard_audio = np.concatenate([np.zeros(24000, np.float32), without_long_silences(peer.reply_pcm(), 48000)])
-    whisper = load_recognizer("whisper-tiny.en", options=WhisperOptions(beam_size=5)).whisper
-    heard = (whisper.transcribe(resample(heard_audio, 48000, whisper.sample_rate)) or ("",))[0]
+    heard = hear_answer(heard_audio, 48000)
     score = cer([reply], [heard])
     latency = next((e for e in peer.events if e["type"] == "latency"), {})
     print(f"reply {reply!r}, heard {heard!r}, CER {score:.3f}, server voice-to-voice "
