@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from helpers import say, silence
+from helpers import hear_answer, say, silence
 
 pytestmark = pytest.mark.models
 EXAMPLE = Path(__file__).parent.parent / "examples" / "weather_agent.py"
+QUESTION = "What's the weather in Paris?"
 
 
 def test_the_example_agent_answers_with_its_tools_result(tmp_path):
-    q = say("What's the weather in Paris?", tmp_path / "q.raw.wav")
+    q = say(QUESTION, tmp_path / "q.raw.wav")
     # the call's first seconds give the session time to read the tools' descriptions (~300 tokens:
     # seconds on a busy 2-core machine); this test is about what the model does, not how fast
     sf.write(tmp_path / "q.wav", np.concatenate([silence(4.0), q, silence(0.5)]), 16000, subtype="PCM_16")
@@ -35,12 +36,7 @@ def test_the_example_agent_answers_with_its_tools_result(tmp_path):
     results = [m["content"] for m in summary["history"] if m["role"] == "tool"]
     assert results == ["sunny and 24 degrees"]
 
-    from asr import load_recognizer
-    from transport.audio import resample
-
     audio, rate = sf.read(out, dtype="float32")
-    stream = load_recognizer().whisper.open_decoder()
-    stream.push(resample(audio, rate, 16000)[:16000 * 25])
-    heard = stream.finalize().text.lower()
+    heard = hear_answer(audio[:rate * 25], rate, question=QUESTION).lower()
     print("reply:", rows[0]["reply"], "| heard:", heard)
     assert "sunny" in heard and ("24" in heard or "twenty-four" in heard or "twenty four" in heard)
