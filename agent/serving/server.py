@@ -319,21 +319,17 @@ def _glibc(name: str):
 
 
 _TRIM = _glibc("malloc_trim")
-_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8  # glibc's mallopt parameters
+_M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
-def steady_malloc(mmap_threshold: int = 128 * 1024, arenas: int = 2) -> None:
-    """Call before the models load, in a process that serves for hours. glibc raises its mmap
-    threshold each time a large block is freed (up to 32 MB), after which audio buffers and model
-    scratch come from the heaps, where buffers of ever new sizes fragment them; and it gives each
-    of the many model threads an arena of its own. A fixed threshold (large blocks go back to the
-    system when freed) and two arenas held a soak's RSS steady (docs/serving.md, Memory). The user's own
-    MALLOC_* settings win."""
+def steady_malloc(arenas: int = 2) -> None:
+    """Call before the models load, in a process that serves for hours: two arenas instead of one
+    per model thread hold a soak's RSS steady (docs/serving.md, Memory). The mmap threshold is
+    left to glibc: fixed low, every large block (a Whisper decode's scratch) is mapped and faulted
+    in anew, and each decode takes 1.5-2 times as long. The user's own MALLOC_* settings win."""
     mallopt = _glibc("mallopt")
     if mallopt is None:
         return
-    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
     if "MALLOC_ARENA_MAX" not in os.environ:
         mallopt(_M_ARENA_MAX, arenas)
 
