@@ -124,12 +124,12 @@ def report_figure(name: str, **figures) -> None:
 CAPITAL_QUESTION = "What is the capital of France?"
 
 
-def hear_answer(audio: np.ndarray, rate: int, question: str = CAPITAL_QUESTION) -> str:
+def hear_answer(audio: np.ndarray, rate: int, question: str) -> str:
     """What the caller who asked `question` hears in the bot's audio (float32): Whisper tiny.en,
-    beam 5, on its 30 s window, told the question as the person who asked it knows it. Untold,
-    tiny.en hears Piper's "Paris." alone as "Harris.", "There is." or nothing in 1 in 15 clips
-    wide-band and 1 in 10 through mu-law; told, in none of 60, while "Berlin.", "I don't know.",
-    silence and noise are never heard as "Paris" (docs/testing.md, "Hearing the bot's answer")."""
+    beam 5, on its 30 s window, told the question as its initial prompt, as the person who asked
+    it knows it. Untold, tiny.en mishears a one-word answer alone too often for a test's bar; told,
+    it still never hears another answer, silence or noise as the expected one (docs/testing.md,
+    "Hearing the bot's answer")."""
     from asr.whisper import WhisperRecognizer
     from transport.audio import resample
 

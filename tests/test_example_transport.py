@@ -14,7 +14,7 @@ import pytest
 
 from doubles import ScriptedLLM, burst
 from examples.pcm_tcp_transport import RATE, listener
-from helpers import await_until, duplex_serve_process, flite_available, free_port, hear_answer, say
+from helpers import CAPITAL_QUESTION, await_until, duplex_serve_process, flite_available, free_port, hear_answer, say
 from test_serving import doubles, metric_samples, question, serving
 
 pytestmark = pytest.mark.usefixtures("virtual_clock")
@@ -85,12 +85,12 @@ async def test_speaking_over_the_reply_cuts_it():
 @pytest.mark.skipif(not flite_available(), reason="flite is not installed")
 def test_duplex_serve_listener_flag_answers_a_spoken_question(tmp_path):
     pcm_port = free_port()
-    question_audio = say("What is the capital of France?", tmp_path / "q.wav")
+    question_audio = say(CAPITAL_QUESTION, tmp_path / "q.wav")
     with duplex_serve_process("--listener", f"examples.pcm_tcp_transport:listener={pcm_port}",
                               "--load-threshold", "0") as (_, proc):
         data, _ = asyncio.run(talk(pcm_port, question_audio, quiet_s=3.0, max_s=90.0))
         assert proc.poll() is None
     reply = np.frombuffer(data, "<i2").astype(np.float32) / 32768
     assert voiced_seconds(data) > 0.3  # its first words at least (a loaded machine may be slow with the rest)
-    heard = hear_answer(reply, 16000)
+    heard = hear_answer(reply, 16000, CAPITAL_QUESTION)
     assert "paris" in heard.lower(), heard  # the answer, however short ("Paris.")

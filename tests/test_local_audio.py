@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import hear_answer, say, silence
+from helpers import CAPITAL_QUESTION, hear_answer, say, silence
 from pulse_rig import private_pulseaudio, require_pulseaudio
 
 RATE = 16000
@@ -65,7 +65,7 @@ def test_a_session_that_falls_behind_loses_the_oldest_mic_audio_not_played_marks
 def conversation(sound_server, tmp_path_factory):
     env, fifo = sound_server
     d = tmp_path_factory.mktemp("talk")
-    parts = {"lead": silence(1.5), "q1": say("What is the capital of France?", d / "q1.wav"), "gap1": silence(8.0),
+    parts = {"lead": silence(1.5), "q1": say(CAPITAL_QUESTION, d / "q1.wav"), "gap1": silence(8.0),
              "q2": say("Please tell me a long story about a brave little dragon.", d / "q2.wav"),
              "gap2": silence(3.0), "barge_in": say("Stop, stop. Wait a moment please.", d / "bi.wav"),
              "tail": silence(5.0)}
@@ -135,7 +135,7 @@ def test_the_question_is_heard_and_the_answer_comes_out_of_the_speaker(conversat
     bursts = _bursts(speaker)
     assert len(bursts) >= 2, f"the speaker played {len(bursts)} stretches of sound, not an answer and a story"
     a, b = bursts[0]
-    heard = hear_answer(speaker[a:b].astype(np.float32) / 32768, RATE)
+    heard = hear_answer(speaker[a:b].astype(np.float32) / 32768, RATE, CAPITAL_QUESTION)
     reply = _reply(events, finals[0].turn)
     print("reply:", reply, "| speaker played:", heard)
     # Letters, not words: Whisper tiny splits Piper's words differently from one run to the next

@@ -9,13 +9,13 @@ import pytest
 import soundfile as sf
 
 from asr.wer import cer, wer
-from helpers import duplex_asr_serve, hear_answer, say, silence
+from helpers import CAPITAL_QUESTION, duplex_asr_serve, hear_answer, say, silence
 
 pytestmark = pytest.mark.models
 
 
 def test_duplex_run_reply_wav_matches_logged_text(tmp_path):
-    q1 = say("What is the capital of France?", tmp_path / "q1.wav")
+    q1 = say(CAPITAL_QUESTION, tmp_path / "q1.wav")
     q2 = say("How many legs does a spider have?", tmp_path / "q2.wav")
     q3 = say("Can you explain how a rainbow forms?", tmp_path / "q3.wav")  # a longer reply: a steadier WER
     for name, q in (("q1", q1), ("q2", q2), ("q3", q3)):
@@ -111,7 +111,7 @@ def check_trace(trace, turns, tmp_path):
 def test_duplex_run_on_a_remote_recognizer_answers_the_question(tmp_path):
     """`duplex asr-serve` (no --model: the embedded Whisper) and `duplex run --asr ws://...`: the
     reply to "what is the capital of France" mentions Paris, and its audio, transcribed back, is the reply."""
-    q = say("What is the capital of France?", tmp_path / "raw.wav")
+    q = say(CAPITAL_QUESTION, tmp_path / "raw.wav")
     sf.write(tmp_path / "q.wav", np.concatenate([silence(0.5), q, silence(0.3)]), 16000, subtype="PCM_16")
     out, log = tmp_path / "r.wav", tmp_path / "turns.jsonl"
     with duplex_asr_serve() as url:
@@ -126,7 +126,7 @@ def test_duplex_run_on_a_remote_recognizer_answers_the_question(tmp_path):
     (turn,) = [r for r in map(json.loads, log.read_text().splitlines()) if "turn" in r]
     assert "capital" in turn["user"].lower() and "france" in turn["user"].lower()
     audio, rate = sf.read(out, dtype="float32")
-    heard = hear_answer(audio[:rate * 20], rate)
+    heard = hear_answer(audio[:rate * 20], rate, CAPITAL_QUESTION)
     print("reply:", turn["reply"], "| heard back:", heard)
     # letters, as tests/test_local_audio.py: "France's pairs" for Piper's "France is Paris" now and then
     assert "paris" in turn["reply"].lower() and cer([turn["reply"]], [heard]) < 0.2, (turn["reply"], heard)

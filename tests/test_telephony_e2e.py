@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import duplex_serve, free_port, hear_answer, is_word_prefix, report_figure, say, silence, speech_onset_s, wait_until
+from helpers import CAPITAL_QUESTION, duplex_serve, free_port, hear_answer, is_word_prefix, report_figure, say, silence, speech_onset_s, wait_until
 from media_stream_peers import Peer, peer
 
 with warnings.catch_warnings():
@@ -139,7 +139,7 @@ class FakeProvider:
 def script(tmp_path_factory):
     """The caller's side of the call at 16 kHz, and when each part of it starts and ends (s)."""
     d = tmp_path_factory.mktemp("caller")
-    parts = {"lead": silence(1.0), "q1": say("What is the capital of France?", d / "q1.wav"), "gap1": silence(8.0),
+    parts = {"lead": silence(1.0), "q1": say(CAPITAL_QUESTION, d / "q1.wav"), "gap1": silence(8.0),
              "q2": say("Please tell me a long story about a brave little dragon.", d / "q2.wav"),
              "gap2": silence(4.5), "barge_in": say("Wait, wait. Stop a moment please.", d / "bi.wav"),
              "tail": silence(7.0)}
@@ -227,7 +227,7 @@ def assert_understood_and_answered(provider, marks: dict, events) -> None:
     answer = answer.astype(np.float32) / 32768
     assert answer.size and np.sqrt(np.mean(answer ** 2)) > 0.01, "the caller heard nothing after the question"
     reply = reply_text(events, finals[0].turn)
-    heard = hear_answer(answer, provider.rate)
+    heard = hear_answer(answer, provider.rate, CAPITAL_QUESTION)
     report_figure("telephony_answer", session=events[-1].session, gap_frames=gaps, reply=reply, heard=heard)
     assert cer([reply], [heard]) < 0.2, (reply, heard)  # letters: see tests/test_local_audio.py
 
