@@ -152,7 +152,8 @@ class DuplexSTTService(EagerEndOfTurnSTTServiceMixin, STTService):
         # a final transcript under way is pushed before the EndFrame goes on
         if self._final_task is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._final_task), timeout=30)
+                async with asyncio.timeout(30):
+                    await asyncio.shield(self._final_task)
         await self._close_stream()
         await super().stop(frame)
 

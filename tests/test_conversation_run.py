@@ -44,7 +44,7 @@ def _converse(d, *extra: str, inputs: dict | None = None, at: tuple[str, float] 
 @pytest.fixture(scope="module")
 def conversation(tmp_path_factory):
     """With the default end-of-turn policy ("combined"). The LLM writes several times faster than
-    the voice speaks and the 0.5B model's stories end anywhere from 80 to 400 tokens, so the
+    the voice speaks and the 0.5B model's stories end anywhere from ~50 to 400 tokens, so the
     request asks for a very long one and the user talks over it early: the LLM must still be
     writing when the barge-in comes."""
     return _converse(tmp_path_factory.mktemp("conv"), at=("stop", 3.0), inputs={

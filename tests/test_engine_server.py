@@ -14,6 +14,7 @@ from asr.engine.kyutai import tiny_random
 from asr.moshi_protocol import decode_server
 from asr.engine.scheduler import EngineScheduler, SchedulerConfig
 from asr.serving.server import PATH, AsrServer
+from helpers import await_until
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "virtual_clock")  # server, clients and engine steps on the test's loop
 
@@ -161,6 +162,20 @@ async def test_admission_wait_gets_slot_when_freed():
         second = await asyncio.wait_for(waiter, 5)
         assert second.slot == first.slot
         await second.close()
+
+
+async def test_a_waiter_cancelled_as_the_slot_frees_goes_without_it():
+    """The caller has gone (its task cancelled) in the very step a slot frees: it must not take the
+    slot, which no one would then close (3.11's wait_for swallowed that cancel)."""
+    async with running_server(slots=1, admission_wait_s=5.0) as (sched, _, url):
+        first = await sched.open_session()
+        waiter = asyncio.create_task(sched.open_session())
+        assert await await_until(lambda: bool(sched._freed._waiters), 5)
+        await first.close()  # frees the slot and wakes the waiter: nothing has run since
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert sched.sessions == [] and len(sched._free) == 1
 
 
 async def test_flush_gets_last_words_out():

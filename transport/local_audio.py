@@ -159,7 +159,8 @@ class LocalAudioTransport:
             if timeout is not None and timeout <= 0:
                 return None
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
             except TimeoutError:
                 return None
         if self._t_end is not None and time.perf_counter() >= self._t_end:

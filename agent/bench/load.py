@@ -124,11 +124,10 @@ async def one_conversation(url: str, q: Question, index: int, seconds: float, re
     out = Outcome(index, q.name, start_s=round(loop.time() - t_run, 3) if t_run else 0.0)
     t = loop.time()
     try:
-        c = await asyncio.wait_for(
-            converse(url, q.frames, ASR_RATE, speech_end_s=q.speech_end_s, until=reply_measured,
-                     reply_timeout=reply_timeout, finish_timeout=finish_timeout, pad_s=seconds,
-                     ping_interval=5.0, ping_timeout=10.0),
-            seconds + reply_timeout + finish_timeout + 30.0)
+        async with asyncio.timeout(seconds + reply_timeout + finish_timeout + 30.0):
+            c = await converse(url, q.frames, ASR_RATE, speech_end_s=q.speech_end_s, until=reply_measured,
+                               reply_timeout=reply_timeout, finish_timeout=finish_timeout, pad_s=seconds,
+                               ping_interval=5.0, ping_timeout=10.0)
     except InvalidStatus as e:
         status = e.response.status_code
         body = e.response.body.decode(errors="replace").strip() if e.response.body else ""

@@ -764,6 +764,7 @@ async def run_item(url: str, item: Item, timeout_s: float = ITEM_TIMEOUT_S, refu
 
     mic: CuedMic
     window: list[float] = []
+    seen: list = []  # the conversation as the mic last saw it: what an item that overran had got to
 
     def speech_end(c) -> float | None:
         t = mic.onset(0, c)
@@ -780,6 +781,7 @@ async def run_item(url: str, item: Item, timeout_s: float = ITEM_TIMEOUT_S, refu
         return c.now
 
     def done(c) -> bool:
+        seen[:] = [c]
         end = speech_end(c)
         if end is None:
             return False
@@ -810,14 +812,18 @@ async def run_item(url: str, item: Item, timeout_s: float = ITEM_TIMEOUT_S, refu
     while True:
         mic = CuedMic(RATE, clips, done, noise_rms=10 ** (item.noise_db / 20), seed=item.seed * 1000 + item.index)
         try:
-            c = await asyncio.wait_for(play_along(url, mic, RATE, timeout_s=timeout_s, ping_interval=5.0,
-                                                  ping_timeout=20.0), timeout_s + 20.0)
+            async with asyncio.timeout(timeout_s + 20.0):
+                c = await play_along(url, mic, RATE, timeout_s=timeout_s, ping_interval=5.0, ping_timeout=20.0)
             break
         except InvalidStatus as e:
             if e.response.status_code != 503 or loop.time() - t > refused_wait_s:
                 return _failed(item, f"HTTP {e.response.status_code}")
             await asyncio.sleep(1.0)  # the last conversation is still being counted: try again
-        except (OSError, InvalidHandshake, TimeoutError) as e:
+        except TimeoutError as e:
+            if not seen:
+                return _failed(item, f"TimeoutError: {e}")
+            return _failed(item, f"no end within {timeout_s + 20.0:.0f} s: {_where(seen[0], loop.time())}")
+        except (OSError, InvalidHandshake) as e:
             return _failed(item, f"{type(e).__name__}: {e}")
     onsets = [mic.onset(0, c)]
     if item.overlap is not None:
@@ -826,6 +832,14 @@ async def run_item(url: str, item: Item, timeout_s: float = ITEM_TIMEOUT_S, refu
                   window_end=window[0] if window else None)
     row["seconds"] = round(loop.time() - t, 1)
     return row
+
+
+def _where(c, now: float) -> str:
+    """Where a conversation that overran its bounds stood: for the server's log beside it."""
+    last = f"{c.events[-1].get('type')} {now - c.event_times[-1]:.1f} s ago" if c.event_times else "none"
+    return (f"{len(c.frame_times)} frames sent (the mic last asked {now - c.now:.1f} s ago), "
+            f"{len(c.heard)} chunks heard, {len(c.events)} events (the last: {last}), "
+            f"closed {c.close_code}")
 
 
 def _failed(item: Item, reason: str) -> dict:
@@ -1077,6 +1091,9 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
             rows = asyncio.run(run_items(url, items, progress=lambda r: print(item_line(r), flush=True),
                                          warm_up=warm))
+            if log is not None and any(r.get("error") for r in rows):
+                log.flush()  # what the server made of the conversations that failed
+                print("the server's log, its end:\n" + Path(log.name).read_text()[-6000:], file=sys.stderr)
         finally:
             if proc is not None:
                 stop_server(proc)

@@ -252,7 +252,8 @@ class Client:
         runner = WorkerRunner(handle_sigint=False)
         await runner.add_workers(self.worker)
         self._task = asyncio.create_task(runner.run())
-        await asyncio.wait_for(self.connected.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await self.connected.wait()
 
     async def close(self) -> None:
         from pipecat.frames.frames import EndFrame
@@ -261,7 +262,8 @@ class Client:
             return
         with contextlib.suppress(Exception):
             await self.worker.queue_frame(EndFrame())
-            await asyncio.wait_for(asyncio.shield(self._task), 15)
+            async with asyncio.timeout(15):
+                await asyncio.shield(self._task)
         if not self._task.done():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

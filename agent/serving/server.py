@@ -364,7 +364,8 @@ async def announce(transport: Transport, chunk: AudioChunk, start_timeout_s: flo
     reader = asyncio.create_task(read())
     try:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(started.wait(), start_timeout_s)
+            async with asyncio.timeout(start_timeout_s):
+                await started.wait()
             if not reader.done():
                 playout = Playout(transport, lead_s=0.4, piece_s=0.1, new_id=itertools.count().__next__)
                 try:

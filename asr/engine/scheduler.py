@@ -288,10 +288,11 @@ class ServiceShell:
             if left <= 0:
                 raise NoFreeSlot(f"no free slot: all {capacity} slots are busy")
             self._freed.clear()
-            try:
-                await asyncio.wait_for(self._freed.wait(), timeout=left)
-            except TimeoutError:
-                pass
+            # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that comes as the
+            # slot frees, and a caller that has gone would then take the slot
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._freed.wait()
 
 
 class EngineScheduler(ServiceShell):

@@ -183,7 +183,8 @@ class _Link:
             if left <= 0:
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), left)
+                async with asyncio.timeout(left):
+                    await self.changed.wait()
 
     async def stream(self, next_frame: Callable[[int], bytes | None],
                      sent: Callable[[int, float], Awaitable[None] | None] | None = None) -> None:
@@ -486,8 +487,11 @@ async def play_along(url: str, mic: Mic, rate: int, *, timeout_s: float = 60.0, 
                         await link.send(mark(c.id, "end", c.end))
             times = [x for x in (player.next_start() if player else None,
                                  ends[0].end if ends else None) if x is not None]
+            # asyncio.timeout, not wait_for: 3.11's wait_for swallows the cancel at the hang-up when
+            # a chunk wakes this loop in the same step, and the loop would then run on
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), max(0.0, min(times) - loop.time()) if times else None)
+                async with asyncio.timeout(max(0.0, min(times) - loop.time()) if times else None):
+                    await wake.wait()
 
     def next_frame(_k: int) -> bytes | None:
         result.now = loop.time()
