@@ -1,5 +1,6 @@
 """PCM helpers: streaming resampling keeps length and pitch."""
 import numpy as np
+import pytest
 
 from transport.audio import Int16RateAdapter, StreamResampler
 
@@ -19,10 +20,28 @@ def test_int16_adapter_streams_to_the_output_rate():
 
 
 def test_stream_resampler_rejects_bad_rates():
-    import pytest
-
     with pytest.raises(ValueError):
         StreamResampler(0, 16000)
+
+
+async def test_an_input_timed_from_the_reply_starts_that_long_after_the_reply_began_playing(tmp_path):
+    from transport.base import AudioIn, AudioOut
+    from transport.wavfile import ScriptedTurn, WavConversationTransport
+
+    ask, over = np.full(8000, 0.5, np.float32), np.full(3200, 0.25, np.float32)
+    t = WavConversationTransport([ScriptedTurn(ask, 16000, "ask"), ScriptedTurn(over, 16000, "over", 0.6, True)],
+                                 16000, str(tmp_path / "out.wav"), realtime=False)
+    frames = []  # (timeline second the frame ends, its first sample)
+    while len(frames) < 150:
+        ev = await t.receive()
+        if isinstance(ev, AudioIn):
+            frames.append((t.now(), float(ev.pcm[0])))
+        if len(frames) == 25 + 40:  # the reply comes 0.8 s after the question ended, and plays at once
+            await t.send_audio(AudioOut(np.full(16000, 1000, np.int16), 16000, chunk_id=1, text="a"))
+    # the reply began playing at 1.30 s: the input starts 0.6 s later, not 0.6 s after the question
+    assert t.input_start_times == pytest.approx([0.0, 1.9]) and t.input_end_times == pytest.approx([0.5, 2.1])
+    assert all(x == 0 for _, x in frames[25:95]) and [x for _, x in frames[95:105]] == [0.25] * 10
+    t.close()
 
 
 async def test_wav_far_end_reports_a_piece_before_the_mic_frame_it_started_in(tmp_path):

@@ -14,7 +14,7 @@ from helpers import say, silence
 pytestmark = pytest.mark.models
 
 
-def _converse(d, *extra: str, inputs: dict | None = None, at: tuple[str, float] = ("stop", 4.0),
+def _converse(d, *extra: str, inputs: dict | None = None, at: tuple[str, float] = ("stop", 1.5),
               max_tokens: int = 400):
     inputs = inputs or {
         "story": "Please tell me a long story about a brave little dragon.",
@@ -26,7 +26,7 @@ def _converse(d, *extra: str, inputs: dict | None = None, at: tuple[str, float] 
         sf.write(d / f"{name}.wav", np.concatenate([silence(0.4), x, silence(0.2)]), 16000, subtype="PCM_16")
     out = d / "bot.wav"
     cmd = [sys.executable, "-m", "agent.serving.cli", "run",
-           *[a for name in inputs for a in ("--input", f"{d / name}.wav@+{at[1]:g}" if name == at[0]
+           *[a for name in inputs for a in ("--input", f"{d / name}.wav@reply+{at[1]:g}" if name == at[0]
                                              else str(d / f"{name}.wav"))],
            "--output", str(out), "--log", str(d / "log.jsonl"), "--trace", str(d / "run.trace.json"),
            "--far-end-log", str(d / "far.jsonl"), "--max-tokens", str(max_tokens),
@@ -45,9 +45,9 @@ def _converse(d, *extra: str, inputs: dict | None = None, at: tuple[str, float] 
 def conversation(tmp_path_factory):
     """With the default end-of-turn policy ("combined"). The LLM writes several times faster than
     the voice speaks and the 0.5B model's stories end anywhere from ~50 to 400 tokens, so the
-    request asks for a very long one and the user talks over it early: the LLM must still be
-    writing when the barge-in comes."""
-    return _converse(tmp_path_factory.mktemp("conv"), at=("stop", 3.0), inputs={
+    request asks for a very long one and the user talks over it early, 1 s after the story began
+    playing (its speech 0.4 s into the input): the LLM must still be writing when the barge-in comes."""
+    return _converse(tmp_path_factory.mktemp("conv"), at=("stop", 1.0), inputs={
         "story": "Please tell me a very long story about a brave little dragon and his friends.",
         "stop": "Stop. Wait a moment please.",
         "spider": "How many legs does a spider have?"})
@@ -55,8 +55,8 @@ def conversation(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def backchannel_conversation(tmp_path_factory):
-    """A story, a "Mm-hmm." said over it 3 s in, then a question once it is over."""
-    return _converse(tmp_path_factory.mktemp("conv-mmhmm"), max_tokens=60, at=("mmhmm", 3.0), inputs={
+    """A story, a "Mm-hmm." said over it 1.5 s after it began playing, then a question once it is over."""
+    return _converse(tmp_path_factory.mktemp("conv-mmhmm"), max_tokens=60, at=("mmhmm", 1.5), inputs={
         "story": "Please tell me a long story about a brave little dragon.",
         "mmhmm": "Mm-hmm.",
         "spider": "How many legs does a spider have?"})

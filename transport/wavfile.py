@@ -3,7 +3,9 @@
 It plays a scripted conversation into the session at real-time pace (20 ms frames): each input
 file, then silence until the bot's reply has been played out and `gap_s` has passed (a reply is
 over when its audio has played and the session's state says it no longer thinks or speaks, so a
-slow model's pause between two chunks does not end it). It acts as
+slow model's pause between two chunks does not end it). An input may instead start a fixed time
+after the previous one ended, or after the bot's reply began playing (to talk over it at a known
+point of the reply, whatever the models' speed). It acts as
 the far end's player too: reply audio is laid on an output timeline at the moment it would play,
 `clear()` drops what was not yet played, and Played marks come back when a chunk starts.
 """
@@ -29,13 +31,15 @@ class ScriptedTurn:
     pcm: np.ndarray  # float32 mono at `sample_rate`
     sample_rate: int
     name: str = ""
-    # when to start this input: "after_reply" (default) or seconds after the previous input ended
+    # when to start this input: None, after the reply has played out (and the gap); else this many
+    # seconds after the previous input ended, or (`from_reply`) after the first reply audio played since
     start_after_s: float | None = None
+    from_reply: bool = False
 
 
-def load_turn(path: str, start_after_s: float | None = None) -> ScriptedTurn:
+def load_turn(path: str, start_after_s: float | None = None, from_reply: bool = False) -> ScriptedTurn:
     data, rate = sf.read(path, dtype="float32", always_2d=True)
-    return ScriptedTurn(data.mean(axis=1), int(rate), path, start_after_s)
+    return ScriptedTurn(data.mean(axis=1), int(rate), path, start_after_s, from_reply)
 
 
 @dataclass
@@ -64,6 +68,7 @@ class WavConversationTransport:
         self._out_len = 0  # samples written to the timeline so far
         self._audio_end = 0  # output sample at which queued reply audio runs out
         self._got_audio_this_turn = False
+        self._reply_played_at: float | None = None  # timeline second the reply to the last input began playing
         self._bot_busy = False  # the session's last state event: thinking or speaking a reply
         self.input_end_times: list[float] = []  # timeline seconds at which each input file ended
         self.input_start_times: list[float] = []
@@ -93,6 +98,8 @@ class WavConversationTransport:
                 self._out_len = stop
                 continue
             if item.played == 0:
+                if self._reply_played_at is None:
+                    self._reply_played_at = self._out_len / self.output_sample_rate
                 self._events.append(Played(item.chunk_id, "start"))
                 self.events_log.append({"type": "played", "id": item.chunk_id,
                                         "t": self._out_len / self.output_sample_rate})
@@ -115,7 +122,14 @@ class WavConversationTransport:
         for i, turn in enumerate(self.turns):
             if turn.sample_rate != rate:
                 raise ValueError(f"{turn.name}: all inputs must share one sample rate ({rate} Hz)")
-            if i and turn.start_after_s is not None:
+            if i and turn.start_after_s is not None and turn.from_reply:
+                deadline = self.now() + self.reply_timeout_s
+                while self._reply_played_at is None and self.now() < deadline:
+                    yield silence
+                end = (self._reply_played_at if self._reply_played_at is not None else self.now()) + turn.start_after_s
+                while self.now() < end:
+                    yield silence
+            elif i and turn.start_after_s is not None:
                 end = self.input_end_times[-1] + turn.start_after_s
                 while self.now() < end:
                     yield silence
@@ -128,6 +142,7 @@ class WavConversationTransport:
                 yield np.pad(frame, (0, n - frame.size))
             self.input_end_times.append(self.now())
             self._got_audio_this_turn = False  # only audio sent after the input ended answers it
+            self._reply_played_at = None
         yield from self._wait_for_reply(silence)
 
     def _wait_for_reply(self, silence):

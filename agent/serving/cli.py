@@ -325,11 +325,14 @@ def cmd_talk(args) -> int:
     return 0
 
 
-def _parse_input(spec: str) -> tuple[str, float | None]:
-    path, sep, offset = spec.rpartition("@+")
-    if sep and path:
-        return path, float(offset)
-    return spec, None
+def _parse_input(spec: str) -> tuple[str, float | None, bool]:
+    """FILE, FILE@+S (S seconds after the previous input ended) or FILE@reply+S (after the reply
+    to it began playing): the path, S, and whether S counts from the reply."""
+    for mark, from_reply in (("@reply+", True), ("@+", False)):
+        path, sep, offset = spec.rpartition(mark)
+        if sep and path:
+            return path, float(offset), from_reply
+    return spec, None, False
 
 
 def _delegate(module: str, argv: list[str]) -> int:
@@ -468,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("run", help="hold a conversation from WAV files; write the bot's channel to a WAV")
     p.add_argument("--input", action="append", required=True,
                    help="a user turn (WAV); repeat for more turns. FILE@+S starts it S seconds after the "
-                        "previous input ended instead of after the reply (to talk over the bot)")
+                        "previous input ended instead of after the reply, FILE@reply+S S seconds after "
+                        "the reply to it began playing (to talk over the bot)")
     p.add_argument("--output", required=True, help="WAV of the bot's channel, aligned with the input")
     p.add_argument("--log", help="write per-turn JSON lines here too")
     p.add_argument("--gap", type=float, default=1.0, help="silence after a reply before the next input (s)")

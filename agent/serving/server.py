@@ -319,19 +319,27 @@ def _glibc(name: str):
 
 
 _TRIM = _glibc("malloc_trim")
-_M_ARENA_MAX = -8  # glibc's mallopt parameter
+_M_ARENA_MAX, _M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD = -8, -3, -1  # glibc's mallopt parameters
+# glibc's own limits for the thresholds it raises as large blocks are freed (64-bit)
+MMAP_THRESHOLD, TRIM_THRESHOLD = 32 << 20, 64 << 20
 
 
 def steady_malloc(arenas: int = 2) -> None:
-    """Call before the models load, in a process that serves for hours: two arenas instead of one
-    per model thread hold a soak's RSS steady (docs/serving.md, Memory). The mmap threshold is
-    left to glibc: fixed low, every large block (a Whisper decode's scratch) is mapped and faulted
-    in anew, and each decode takes 1.5-2 times as long. The user's own MALLOC_* settings win."""
+    """Call before the models load, in a process that serves for hours, to hold a soak's RSS
+    steady (docs/serving.md, Memory): two arenas instead of one per model thread, and the mmap
+    and trim thresholds at once where glibc would raise them to only after tens of conversations
+    (a step of ~30 MiB then). Not low: fixed at 128 KiB, every Whisper decode's scratch is mapped
+    and faulted in anew and each decode takes 1.5-2 times as long. The user's own MALLOC_*
+    settings win."""
     mallopt = _glibc("mallopt")
     if mallopt is None:
         return
     if "MALLOC_ARENA_MAX" not in os.environ:
         mallopt(_M_ARENA_MAX, arenas)
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    if "MALLOC_TRIM_THRESHOLD_" not in os.environ:
+        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 def release_free_memory() -> None:
