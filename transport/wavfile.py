@@ -122,16 +122,14 @@ class WavConversationTransport:
         for i, turn in enumerate(self.turns):
             if turn.sample_rate != rate:
                 raise ValueError(f"{turn.name}: all inputs must share one sample rate ({rate} Hz)")
-            if i and turn.start_after_s is not None and turn.from_reply:
-                deadline = self.now() + self.reply_timeout_s
-                while self._reply_played_at is None and self.now() < deadline:
-                    yield silence
-                end = (self._reply_played_at if self._reply_played_at is not None else self.now()) + turn.start_after_s
-                while self.now() < end:
-                    yield silence
-            elif i and turn.start_after_s is not None:
-                end = self.input_end_times[-1] + turn.start_after_s
-                while self.now() < end:
+            if i and turn.start_after_s is not None:
+                since = self.input_end_times[-1]
+                if turn.from_reply:
+                    deadline = self.now() + self.reply_timeout_s
+                    while self._reply_played_at is None and self.now() < deadline:
+                        yield silence
+                    since = self._reply_played_at if self._reply_played_at is not None else self.now()
+                while self.now() < since + turn.start_after_s:
                     yield silence
             elif i:
                 yield from self._wait_for_reply(silence)
