@@ -1,10 +1,10 @@
 """A sentence cut into chunks for early speech plays without holes at the cuts; sentence ends keep
-the voice's own pause. Pure checks on synthetic audio, then the real Piper voice."""
+the voice's own pause, and no pause inside a chunk is longer than `MAX_PAUSE_S`. Pure checks on synthetic audio, then the real Piper voice."""
 import numpy as np
 import pytest
 
 from tts.joins import (KEEP_AFTER_CLAUSE_S, KEEP_BEFORE_CONTINUATION_S, KEEP_BEFORE_SENTENCE_S, KEEP_INSIDE_PHRASE_S,
-                       trim_join)
+                       MAX_PAUSE_S, shorten_pauses, trim_join)
 
 SR = 1000  # 1 sample per ms keeps the arithmetic readable
 
@@ -66,3 +66,37 @@ async def test_piper_cut_sentence_has_no_hole_at_the_cut():
     assert tail0 + lead1 <= 60, (tail0, lead1)  # the cut inside the sentence: no audible hole
     assert tail1 + lead2 >= 120, (tail1, lead2)  # between sentences: the voice's own pause stays
     assert [c.text for c in chunks] == ["The capital of France", "is Paris.", "It is lovely."]
+
+
+def test_a_long_pause_inside_a_chunk_is_shortened_and_a_short_one_kept():
+    x = np.concatenate([tone(50, 300, 0), np.zeros(480, np.int16), tone(0, 300, 0), np.zeros(120, np.int16),
+                        tone(0, 200, 200)])
+    out = trim_join(x, SR, "He tried to escape, but he could not.", continues=False)
+    loud = np.abs(out) > 300
+    gaps = np.diff(np.flatnonzero(loud)) - 1
+    assert sorted(int(g) for g in gaps if g > 0) == [120, int(MAX_PAUSE_S * SR)]  # 480 -> 250, 120 kept
+    assert edges(out) == (int(KEEP_BEFORE_SENTENCE_S * SR), 200)  # the sentence end's own pause stays
+    assert out.size == x.size - 50 + int(KEEP_BEFORE_SENTENCE_S * SR) - (480 - int(MAX_PAUSE_S * SR))
+    assert shorten_pauses(np.zeros(600, np.int16), SR).size == 600
+
+
+@pytest.mark.models
+async def test_piper_comma_pause_is_no_longer_than_the_longest_pause():
+    from tts.piper_voice import PiperSynthesizer
+
+    voice = PiperSynthesizer()
+    text = "He had been trying to find a way to escape, but he had been unable to do so."
+    raw = voice.synthesize(text)
+    (chunk,) = [c async for c in voice.stream(_one(text))]
+    sr, quiet = voice.sample_rate, 0.01 * 32768
+
+    def longest_pause_ms(x):
+        loud = np.flatnonzero(np.abs(x.astype(np.float32)) > quiet)
+        return (np.diff(loud) - 1).max() / sr * 1000
+
+    assert longest_pause_ms(raw) > MAX_PAUSE_S * 1000 + 50  # the voice's own (~475 ms)
+    assert longest_pause_ms(chunk.pcm) <= MAX_PAUSE_S * 1000 + 1
+
+
+async def _one(text):
+    yield text
