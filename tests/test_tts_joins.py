@@ -1,5 +1,6 @@
 """A sentence cut into chunks for early speech plays without holes at the cuts; sentence ends keep
-the voice's own pause, and no pause inside a chunk is longer than `MAX_PAUSE_S`. Pure checks on synthetic audio, then the real Piper voice."""
+the voice's own pause, and no pause inside a chunk is longer than `MAX_PAUSE_S`. Pure checks on
+synthetic audio, then the real Piper voice."""
 import numpy as np
 import pytest
 

@@ -33,7 +33,7 @@ def trim_join(pcm: np.ndarray, sample_rate: int, text: str, continues: bool) -> 
     the same answer did not end a sentence, so this one starts in the middle of it."""
     if pcm.size == 0:
         return pcm
-    loud = np.flatnonzero(np.abs(pcm.astype(np.float32)) > SILENCE * 32768)
+    loud = _sounding(pcm)
     if loud.size == 0:
         return pcm
     lead = KEEP_BEFORE_CONTINUATION_S if continues else KEEP_BEFORE_SENTENCE_S
@@ -41,15 +41,24 @@ def trim_join(pcm: np.ndarray, sample_rate: int, text: str, continues: bool) -> 
     if not ends_sentence(text):
         keep = KEEP_AFTER_CLAUSE_S if ends_clause(text) else KEEP_INSIDE_PHRASE_S
         end = min(pcm.size, int(loud[-1]) + 1 + int(keep * sample_rate))
-    return shorten_pauses(pcm[start:end], sample_rate)
+    # every sound is inside the trimmed span: its indices, shifted, are the span's
+    return _shortened(pcm[start:end], loud - start, int(MAX_PAUSE_S * sample_rate))
 
 
 def shorten_pauses(pcm: np.ndarray, sample_rate: int, most_s: float = MAX_PAUSE_S) -> np.ndarray:
     """Each silence between two sounds of `pcm` (int16) that is longer than `most_s` loses its
     middle: its first and last halves of `most_s` stay (a soft consonant that starts the next
     word, a breath's fade). The silence before the first and after the last sound is kept."""
-    loud = np.flatnonzero(np.abs(pcm.astype(np.float32)) > SILENCE * 32768)
-    most = int(most_s * sample_rate)
+    return _shortened(pcm, _sounding(pcm), int(most_s * sample_rate))
+
+
+def _sounding(pcm: np.ndarray) -> np.ndarray:
+    """The indices of the samples of `pcm` (int16) that are not silence."""
+    return np.flatnonzero(np.abs(pcm.astype(np.float32)) > SILENCE * 32768)
+
+
+def _shortened(pcm: np.ndarray, loud: np.ndarray, most: int) -> np.ndarray:
+    """`shorten_pauses`, given the sounding samples `loud` and the longest silence in samples."""
     long_gaps = np.flatnonzero(np.diff(loud) - 1 > most)
     if long_gaps.size == 0:
         return pcm
