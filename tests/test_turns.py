@@ -304,6 +304,42 @@ def test_side_talk_stays_no_turn_when_the_reply_ends_while_it_is_said_and_is_jud
     assert d.m.state == U and d.log[-1] == ResumeReply(d.t, words_due=True) and d.m.going_on
 
 
+def test_a_name_a_look_heard_in_quieter_speech_keeps_it_side_talk_when_the_decodes_lose_it():
+    # rms's "Kids, it's time to brush your teeth." 4.7 dB below the user, its sound not judged
+    # away: the first look heard "kids", the next ones and the final did not
+    d = speaking_bot(user_level=0.3)
+    d.frames("#" * 10, level=0.18)
+    assert d.m.overlap_undecided
+    assert d.m.on_overlap_words(d.t, "kids") == [ResumeReply(d.t, words_due=True)]
+    assert d.m.on_overlap_words(d.t, "Can this video") == []
+    d.frames("#", level=0.18)
+    assert d.m.on_overlap_words(d.t, "Can this video? Can this") == [] and d.m.going_on
+    d.frames("#" * 30 + "." * 8, level=0.18).eou(0.9)
+    d.log += d.m.on_final(d.t, "It's time to brush your teeth.")
+    assert d.kinds()[-1] == DiscardTranscript and d.m.state == B
+    # words that ask the bot to stop still pause it
+    d = speaking_bot(user_level=0.3)
+    d.frames("#" * 10, level=0.18)
+    start = d.log[-2].t_speech_start
+    d.m.on_overlap_words(d.t, "Kids")
+    d.frames("#", level=0.18)
+    assert d.m.on_overlap_words(d.t, "Kids, stop") == []
+    d.frames("#", level=0.18)
+    assert d.m.on_overlap_words(d.t, "Kids, stop the story") == [PauseReply(d.t, start)]
+    # at the user's own level a misheard name ("Harry" for "Sorry") holds nothing
+    d = speaking_bot(user_level=0.3)
+    d.frames("#" * 10, level=0.3)
+    start = d.log[-2].t_speech_start
+    assert d.m.on_overlap_words(d.t, "Harry") == [ResumeReply(d.t, words_due=True)]
+    d.frames("#", level=0.3)
+    assert d.m.on_overlap_words(d.t, "Sorry, what animal") == []
+    d.frames("#", level=0.3)
+    assert d.m.on_overlap_words(d.t, "Sorry, what animal says") == [PauseReply(d.t, start)]
+    d.frames("#" * 20 + "." * 8, level=0.3).eou(0.9)
+    d.log += d.m.on_final(d.t, "Sorry, what animal says moo?")
+    assert d.kinds()[-1] == CancelReply
+
+
 def test_quiet_dry_or_reverberant_loud_speech_over_the_bot_is_the_users():
     for level, said in ((0.2, "#_" * 7), (0.3, "#~-" * 5)):  # quieter but said into the mic; as loud as the user
         d = speaking_bot(user_level=0.3)

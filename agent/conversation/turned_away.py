@@ -83,11 +83,14 @@ class TurnedAway:
         """`peak`, `user_peak`: RMS of the loudest frames; `fall`: the speech's falls,
         `user_fall_db`: the user's sharpest; `still_away`: speech judged away ended less than
         `carry_s` before this began."""
-        if peak <= 0.0 or user_peak <= 0.0 or user_fall_db <= 0.0:
+        if user_fall_db <= 0.0:
             return False
-        quieter = level_db(peak) - level_db(user_peak) <= self.level_db
         reverberant = self.syllable_ended(fall, user_fall_db) and fall.db <= self.fall_ratio * user_fall_db
-        return quieter and (still_away or reverberant)
+        return self.quieter(peak, user_peak) and (still_away or reverberant)
+
+    def quieter(self, peak: float, user_peak: float) -> bool:
+        """Speech whose loudest frame is `level_db` or more below the user's turns' (RMS both)."""
+        return peak > 0.0 and user_peak > 0.0 and level_db(peak) - level_db(user_peak) <= self.level_db
 
     def syllable_ended(self, fall: SharpestFall, user_fall_db: float) -> bool:
         """A syllable of the speech has ended: its falls can be judged."""

@@ -50,7 +50,8 @@ States::
   look heard, in speech no longer than one (`BACKCHANNEL_MAX_S`), do not cut it (`_disputed`).
   Speech over the bot quieter and more reverberant than the user's own turns (`turned_away`:
   said to someone else in the room) lets the reply go on while it is said, and its words cut it
-  only if they ask it to stop or wait. Speech over the bot that lasts `brief_overlap_s` (a "yeah", an
+  only if they ask it to stop or wait; so does quieter speech whose words a look heard call
+  someone else, though the later decodes lose the name. Speech over the bot that lasts `brief_overlap_s` (a "yeah", an
   "okay") and is followed by `brief_overlap_wait_s` of silence resumes the reply even before
   its words are known; it ends as a turn whose final decides later: words that interrupt cut the
   reply then (`CancelReply`) and are answered. Nor is speech followed by `false_interruption_s` of
@@ -360,6 +361,7 @@ class TurnMachine:
         self._going_on = False  # the reply plays on over the speech still said: its words so far let it
         self._looks_against = 0  # looks in a row that heard words go on from what let it go on
         self._went_on_hum = False  # it went on for a backchannel's words (not a name, not no words)
+        self._called = False  # a look heard it open by calling someone else (`_away`)
         self._resume_to = State.BOT_SPEAKING  # the state a false interruption returns to
         self._finals: deque[_Ended] = deque(maxlen=16)  # the ended turns awaiting their finals
         self._user_peaks: deque[float] = deque(maxlen=8)  # the loudest frame of the user's last turns
@@ -373,7 +375,14 @@ class TurnMachine:
 
     @property
     def _away(self) -> bool:
-        return self._sound.away
+        """The speech over the bot is said to someone else in the room: judged so by its sound,
+        or quieter than the user's turns (`TurnedAway.quieter`) once a look heard it call someone
+        else. The call counts after the decodes lose it: they heard rms's "Kids, it's time to
+        brush your teeth." as "Can this video" and "It's time to brush your teeth."; the level
+        keeps a misheard name from holding a real interruption, which comes at the user's level."""
+        c = self.config.turned_away
+        return self._sound.away or (self._called and c is not None and bool(self._user_peaks)
+                                    and c.quieter(self._peak_level, statistics.median(self._user_peaks)))
 
     @property
     def overlap_undecided(self) -> bool:
@@ -549,6 +558,7 @@ class TurnMachine:
             return []  # no words is no backchannel yet: flite's kal "Wait, ..." is heard as none
         if self.state != State.INTERRUPTED:
             return []
+        self._called = self._called or (c.side_talk and may_call_someone(text, c.own_names))
         lets = self._lets_go_on(text)  # None: nothing heard
         if lets and not self._going_on:
             self._interrupted_at, self._going_on = None, True
@@ -818,7 +828,7 @@ class TurnMachine:
         self._go(t, state)
         self._peak_level = self._run_peak  # the frames that opened it count
         self._looks_against = 0
-        self._went_on_hum = False
+        self._went_on_hum = self._called = False
         self._sound.begin()
         self._over_bot = state == State.INTERRUPTED
         self._paused = False
