@@ -48,16 +48,17 @@ States::
   the silence and the final still cut it), and a look as the speech stops that hears a
   backchannel lets it go on before that decode. Words a decode hears in place of a backchannel a
   look heard, in speech no longer than one (`BACKCHANNEL_MAX_S`), do not cut it (`_disputed`).
-  Speech over the bot quieter and more reverberant than the user's own turns (`turned_away`:
-  said to someone else in the room) lets the reply go on while it is said, and its words cut it
-  only if they ask it to stop or wait; so does quieter speech whose words a look heard call
-  someone else, though the later decodes lose the name. Speech over the bot that lasts `brief_overlap_s` (a "yeah", an
-  "okay") and is followed by `brief_overlap_wait_s` of silence resumes the reply even before
-  its words are known; it ends as a turn whose final decides later: words that interrupt cut the
-  reply then (`CancelReply`) and are answered. Nor is speech followed by `false_interruption_s` of
-  silence with no words and no end of turn. The timeout counts from the end of that speech,
-  never while it goes on: on a busy CPU the words can take seconds, and a timeout counted from
-  the pause resumed the bot over real questions (`duplex bench latency` lost three turns so).
+  Speech over the bot quieter and more reverberant than the user's own turns (`turned_away`: said
+  to someone else in the room) lets the reply go on while it is said or in the silence after it,
+  before its decode, and its words cut it only if they ask it to stop or wait; so does quieter
+  speech whose words a look heard call someone else, though the later decodes lose the name.
+  Speech over the bot that lasts `brief_overlap_s` (a "yeah", an "okay") and is followed by
+  `brief_overlap_wait_s` of silence resumes the reply even before its words are known; it ends as
+  a turn whose final decides later: words that interrupt cut the reply then (`CancelReply`) and
+  are answered. Nor is speech followed by `false_interruption_s` of silence with no words and no
+  end of turn. The timeout counts from the end of that speech, never while it goes on: on a busy
+  CPU the words can take seconds, and a timeout counted from the pause resumed the bot over real
+  questions (`duplex bench latency` lost three turns so).
 
 Defaults, and why:
 - `speech_threshold` 0.5 / `silence_threshold` 0.35: Silero's own hysteresis pair.
@@ -488,6 +489,7 @@ class TurnMachine:
         elif s == State.ENDPOINT_PENDING:
             if (resume := self._check_false_interruption(t)):
                 return resume
+            out += self._check_turned_away(t)
             if spoke(c.min_speech_s):
                 self._paused = False
                 self._resumable = False
@@ -731,11 +733,11 @@ class TurnMachine:
 
     def _check_turned_away(self, t: float) -> list[Command]:
         """Speech over the bot judged said away from the microphone (`TurnConfig.turned_away`)
-        lets the paused reply go on while it is said; its words decide no more unless they ask
-        the bot to stop or wait."""
+        lets the paused reply go on while it is said, or in the silence after it as soon as the
+        room's tail has fallen far enough to be judged (before its decode); its words decide no
+        more unless they ask the bot to stop or wait."""
         c = self.config.turned_away
-        # (a pause inside the speech leaves it user_speaking, its reply still paused)
-        if (c is None or self._away or not self.in_speech or self.state not in (State.INTERRUPTED, State.USER_SPEAKING)
+        if (c is None or self._away or self.state not in (State.INTERRUPTED, State.USER_SPEAKING, State.ENDPOINT_PENDING)
                 or t - self._utterance_start < c.after_s - 1e-9 or not self._judge_turned_away()):
             return []  # (judged away before: its words have paused it again since, or a look let it go on)
         if self._going_on:  # a look let it go on already
