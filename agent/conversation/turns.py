@@ -382,8 +382,12 @@ class TurnMachine:
         brush your teeth." as "Can this video" and "It's time to brush your teeth."; the level
         keeps a misheard name from holding a real interruption, which comes at the user's level."""
         c = self.config.turned_away
-        return self._sound.away or (self._called and c is not None and bool(self._user_peaks)
-                                    and c.quieter(self._peak_level, statistics.median(self._user_peaks)))
+        return self._sound.away or (self._called and c is not None and c.quieter(self._peak_level, self._user_level))
+
+    @property
+    def _user_level(self) -> float:
+        """The user's own level: the median loudest frame of their last turns (RMS; 0.0: none yet)."""
+        return statistics.median(self._user_peaks) if self._user_peaks else 0.0
 
     @property
     def overlap_undecided(self) -> bool:
@@ -705,7 +709,7 @@ class TurnMachine:
         db = self.config.echo_level_db
         if db is None or not self._user_peaks or peak <= 0.0:
             return False
-        return peak < statistics.median(self._user_peaks) * 10.0 ** (db / 20.0)
+        return peak < self._user_level * 10.0 ** (db / 20.0)
 
     def _held_back(self, t: float) -> bool:
         """Speech as quiet as the level gate holds back over the bot, going on within
@@ -750,7 +754,7 @@ class TurnMachine:
         c = self.config.turned_away
         if c is None or not self.overlap_open or not self._user_peaks:
             return self._away
-        return self._sound.judge(c, self._peak_level, statistics.median(self._user_peaks), self._utterance_start)
+        return self._sound.judge(c, self._peak_level, self._user_level, self._utterance_start)
 
     def _lets_go_on(self, text: str) -> bool | None:
         """The words so far of speech over the bot let it go on (None: no words heard). No words is
