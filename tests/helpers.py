@@ -61,10 +61,10 @@ def flite_available() -> bool:
     return shutil.which("flite") is not None
 
 
-def say(text: str, path: Path, rate: int = 16000) -> np.ndarray:
-    """Speak `text` with flite (voice slt) into a 16-bit WAV at `rate`; return float32 samples."""
+def say(text: str, path: Path, rate: int = 16000, voice: str = "slt") -> np.ndarray:
+    """Speak `text` with flite (`voice`) into a 16-bit WAV at `rate`; return float32 samples."""
     raw = path.with_suffix(".raw.wav")
-    subprocess.run(["flite", "-voice", "slt", "-t", text, "-o", str(raw)], check=True)
+    subprocess.run(["flite", "-voice", voice, "-t", text, "-o", str(raw)], check=True)
     data, r = sf.read(raw, dtype="float32")
     if r != rate:
         from transport.audio import resample

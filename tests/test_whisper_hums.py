@@ -58,3 +58,38 @@ def test_words_over_the_phone_keep_their_words(whisper, tmp_path, monkeypatch, w
     assert all(interrupting_words(t) > 0 for t in texts), texts
     monkeypatch.setattr(asr.whisper, "HUM_RETRY_LOGPROB", float("-inf"))
     assert heard(whisper, audio) == texts  # the primed decode, if asked, changed nothing
+
+
+def test_a_hum_is_told_however_whisper_spells_it_and_in_a_look_cut_by_its_token_limit():
+    from asr.whisper import written_as_hum
+
+    for hum in ("Mm-hmm.", "M-H-M.", "Mm-m-hmm.", "Uh-huh."):
+        assert written_as_hum(hum) and written_as_hum(hum, cut_short=True), hum
+    for words in ("And then, make sure.", "Hmm, no.", "Mm-hmm, stop.", "Um, what?", ""):
+        assert not written_as_hum(words) and not written_as_hum(words, cut_short=True), words
+    # a look's decode may end mid-hum at its token limit; a final's may not (dev "five five")
+    assert written_as_hum("Mm-hmm. Mm-", cut_short=True) and not written_as_hum("Mm-hmm. Mm-")
+
+
+def test_a_look_at_a_long_hum_hears_a_hum_where_its_token_limit_cuts_the_primed_answer(whisper, tmp_path, monkeypatch):
+    # rms's "Mm-hmm." runs 1.4 s; a look (`UtteranceDecoder.glance`: greedy, a short window, at
+    # most `glance_max_tokens`) at its first 1.2 s hears words unprimed ("and the HMM") and,
+    # primed, "Mm-hmm. Mm-": a hum cut where the token limit ends it, which once counted as words
+    import asr.whisper
+
+    hum = say("Mm-hmm.", tmp_path / "mm.wav", voice="rms")
+    hum = hum * (10 ** (-24 / 20) / float(np.sqrt(np.mean(hum ** 2))))  # a user's level
+    noise = np.random.default_rng(0).normal(0, 10 ** (-60 / 20), RATE * 2).astype(np.float32)
+    audio = np.concatenate([silence(0.3), hum])
+    audio = audio + noise[:audio.size]
+
+    def look() -> str:
+        dec = whisper.open_decoder()
+        dec.push(audio)
+        return dec.glance(int(1.5 * RATE))  # 0.3 s of lead, 1.2 s of the hum
+
+    primed = look()
+    assert interrupting_words(primed) == 0, primed
+    monkeypatch.setattr(asr.whisper, "HUM_RETRY_LOGPROB", float("-inf"))
+    unprimed = look()
+    assert interrupting_words(unprimed) > 0, f"the hum needs no priming now: {unprimed}"
