@@ -7,11 +7,9 @@ the user says turned away from the microphone (6 dB quieter, in a room's reverbe
 on while said and is not answered; the same words as quiet, said into the microphone, cut it
 (`TurnConfig.turned_away`)."""
 import asyncio
-import subprocess
 
 import numpy as np
 import pytest
-import soundfile as sf
 
 from helpers import say, silence
 
@@ -24,10 +22,7 @@ SIDE_TALK = "Can you close the window? It's getting cold in here."  # by its wor
 
 def other_voice(text: str, path, gain_db: float) -> np.ndarray:
     """`text` in flite's kal voice (the user speaks in slt), scaled by `gain_db`, at 16 kHz."""
-    subprocess.run(["flite", "-voice", "kal16", "-t", text, "-o", str(path)], check=True)
-    data, rate = sf.read(path, dtype="float32")
-    assert rate == 16000
-    return (data * 10 ** (gain_db / 20)).astype(np.float32)
+    return (say(text, path, voice="kal16") * 10 ** (gain_db / 20)).astype(np.float32)
 
 
 def run(tmp_path, over: np.ndarray):
