@@ -594,3 +594,25 @@ async def test_a_hang_up_while_the_reply_is_paused_says_goodbye_and_keeps_what_w
     assert first.interrupted and first.heard_text and is_word_prefix(first.heard_text, LONG, strict=True)
     assert session.history[:2] == [{"role": "user", "content": "tell me a story"},
                                    {"role": "assistant", "content": first.heard_text}]
+
+
+def test_words_that_ask_the_bot_to_stop_cut_it_though_a_look_heard_a_hum():
+    # a look at the first 0.3 s of "Stop, stop. Wait a moment please." hears "Mm-hmm." (flite's
+    # kal and awb): the looks after it that hear "stop" pause it again ...
+    d = speaking().frames("#" * 10)
+    start = next(c for c in d.log if isinstance(c, PauseReply)).t_speech_start
+    assert looks(d, "Mm-hmm.") == [ResumeReply(d.t, words_due=True)]
+    d.frames("#" * 6)
+    assert looks(d, "Stop, stop.", "Stop, stop. Wait") == [PauseReply(d.t, start)]
+    d.frames("#" * 10 + "..")
+    assert d.m.on_early_words(d.t, "Stop, stop. Wait a moment please.", d.log[-1].t_speech_end) == [CancelReply(d.t)]
+    # ... and with no look hearing them, the decode at its silence cuts it
+    d = speaking().frames("#" * 10)
+    looks(d, "Mm-hmm.")
+    d.frames("#" * 20 + "..")  # 0.96 s: as long as a backchannel
+    assert d.m.on_early_words(d.t, "Stop, stop. Wait a moment please.", d.log[-1].t_speech_end) == [CancelReply(d.t)]
+    assert d.m.state == U and not d.m.going_on
+    # ... and so does the final of a brief one the reply went on after
+    d = speaking().frames("#" * 9 + "..")
+    d.m.on_overlap_words(d.t, "Mm-hmm.")
+    assert d.m.on_final(d.t, "Wait.") == [CancelReply(d.t)] and d.m.state == T

@@ -47,7 +47,8 @@ States::
   still said (other words in `looks_to_pause_again` looks in a row pause it again; the decode at
   the silence and the final still cut it), and a look as the speech stops that hears a
   backchannel lets it go on before that decode. Words a decode hears in place of a backchannel a
-  look heard, in speech no longer than one (`BACKCHANNEL_MAX_S`), do not cut it (`_disputed`).
+  look heard, in speech no longer than one (`BACKCHANNEL_MAX_S`), do not cut it (`_disputed`)
+  unless they ask it to stop or wait.
   Speech over the bot quieter and more reverberant than the user's own turns (`turned_away`: said
   to someone else in the room) lets the reply go on while it is said or in the silence after it,
   before its decode, and its words cut it only if they ask it to stop or wait; so does quieter
@@ -570,10 +571,9 @@ class TurnMachine:
             self._interrupted_at, self._going_on = None, True
             self._went_on_hum = only_backchannels(text, c.backchannels)
             return [ResumeReply(t, words_due=True)]
-        # after a backchannel, words that go on from it ("Okay, but what ...") count, and words in
-        # place of it do not: Whisper makes them up over a long hum ("I am here", "I am a major")
-        goes_on_from_it = not self._went_on_hum or opens_with_backchannel(text, c.backchannels)
-        self._looks_against = self._looks_against + 1 if lets is False and goes_on_from_it and self._going_on else 0
+        # after a backchannel, only words that go on from it or ask the bot to stop count
+        counts = not self._went_on_hum or self._after_hum_counts(text)
+        self._looks_against = self._looks_against + 1 if lets is False and counts and self._going_on else 0
         if self._looks_against < c.looks_to_pause_again:
             return []
         self._looks_against = 0
@@ -603,7 +603,7 @@ class TurnMachine:
         if own and ended.resumed:  # a brief overlap the reply went on after, or speech it went on over
             words = self._interrupts(text, away)
             echo = bool(words) and self._below_the_user(peak)
-            if words and not echo and not (ended.hum and not opens_with_backchannel(text, self.config.backchannels)):
+            if words and not echo and not (ended.hum and not self._after_hum_counts(text)):
                 return self._cut_resumed(t)
             return [DiscardTranscript(t, echo=echo)]
         if own and self._interrupted_at is not None:
@@ -771,9 +771,16 @@ class TurnMachine:
         """Words of a decode that a look heard as a backchannel, in speech no longer than one,
         that do not go on from a backchannel: two hearings of a brief sound disagree ("Go key." and
         "Okay" for awb's "Okay."; "in a month." and "N m m" for Piper's "Mm-hmm."), and the bot
-        keeps the floor. Words after a backchannel ("Okay, stop.") are no dispute."""
-        return (self._went_on_hum and spoken_s <= BACKCHANNEL_MAX_S
-                and not opens_with_backchannel(text, self.config.backchannels))
+        keeps the floor. Words after a backchannel ("Okay, stop.") are no dispute, nor words
+        that ask the bot to stop or wait (`_after_hum_counts`)."""
+        return self._went_on_hum and spoken_s <= BACKCHANNEL_MAX_S and not self._after_hum_counts(text)
+
+    def _after_hum_counts(self, text: str) -> bool:
+        """Words heard where a look heard a backchannel that count all the same: words going on
+        from it ("Okay, but what ..."), and words asking the bot to stop or wait. Whisper makes
+        other words up over a hum ("I am here", "I am a major"), not these; and a look at the first
+        0.3 s of "Stop, stop. Wait ..." hears "Mm-hmm." in flite's kal and awb voices."""
+        return opens_with_backchannel(text, self.config.backchannels) or bool(HOLD_WORDS.search(text))
 
     def _interrupts(self, text: str, away: bool = False) -> int:
         """The words of speech over the bot that make it an interruption: none for backchannels
