@@ -169,6 +169,33 @@ def test_items_are_the_same_for_a_seed():
     assert 1.0 <= p.pause[1] - p.pause[0] <= 1.5
 
 
+
+def test_a_lone_step_of_hiss_is_no_onset_and_a_soft_consonant_is():
+    rate, steps = ov.RATE, lambda n: np.arange(int(n * ov.RATE))
+    x = np.zeros(rate, np.float32)
+    x[800:880] = 0.004  # one 5 ms step 38 dB below the voice: hiss, no onset
+    x[4000:4480] = 0.01 * np.sin(steps(0.03) / 3.0)  # a soft "s", 30 ms, 30 dB below
+    x[6000:12000] = 0.5 * np.sin(steps(0.375) / 5.0)
+    assert ov.speech_span(x) == pytest.approx((0.25, 0.75))
+    assert ov.speech_span(x, min_run_s=0.005)[0] == pytest.approx(0.05)  # the old rule
+
+
+@pytest.mark.skipif(not flite_available(), reason="needs flite")
+def test_the_onset_is_where_flites_own_segment_times_put_the_first_phone(tmp_path):
+    import subprocess
+
+    from agent.bench.quality import speak
+
+    # (not kal's: its diphones open the silence with 65 ms of a 150-260 Hz sound 24-32 dB down)
+    for voice, text in (("awb", "Wait, what is the capital of France?"), ("awb", "Yeah."),
+                        ("rms", "Stop, what is the capital of Italy?"), ("slt", "Uh-huh.")):
+        segments = subprocess.run(["flite", "-voice", voice, "-psdur", "-t", text, "-o", "/dev/null"],
+                                  capture_output=True, text=True, check=True).stdout.split()
+        first_phone = float(segments[0].split(":")[1])  # the end of the silence flite opens with
+        onset, _ = ov.speech_span(speak(text, voice, tmp_path / "x.wav"))
+        assert abs(onset - first_phone) <= 0.03, (voice, text, onset, first_phone)
+
+
 # ---- the page-like player client, against a server of our own -------------------------------------
 async def test_the_player_plays_in_order_drops_what_is_unplayed_at_a_clear_and_reports_played_marks():
     got: list = []  # what the server received, in order

@@ -47,6 +47,9 @@ its capture, bot audio when the player plays it; "voiced": a 10 ms step of heard
   better); also whether the server ended a turn inside the pause (`split`). turn_taking: a
   take-over by the reply after the question (higher is better). interruption: by the reply to the
   new question.
+- the user's speech (the question's, the overlap's) begins and ends at the first and last 5 ms
+  steps of its clip's runs of 20 ms or more within 40 dB of the clip's loudest (`speech_span`;
+  FD-Bench: the words' times from an aligning ASR).
 - response latency: the end of the user's speech (the question's; the interruption's) to the
   first voiced step of the reply heard (FD-Bench: the first word's start).
 - stop latency (interruption): the overlap's speech onset to the end of the bot's heard audio
@@ -257,15 +260,24 @@ def set_level(x: np.ndarray, level_db: float, rate: int = RATE) -> np.ndarray:
     return (np.asarray(x, np.float32) * 10 ** ((level_db - now) / 20)).astype(np.float32)
 
 
-def speech_span(x: np.ndarray, rate: int = RATE, below_peak_db: float = 40.0) -> tuple[float, float]:
-    """(onset, end) of the speech in `x`, seconds: the first and last 5 ms steps within
-    `below_peak_db` of the loudest."""
+def speech_span(x: np.ndarray, rate: int = RATE, below_peak_db: float = 40.0,
+                min_run_s: float = 0.02) -> tuple[float, float]:
+    """(onset, end) of the speech in `x`, seconds: the first and last 5 ms steps of the runs of
+    `min_run_s` or more within `below_peak_db` of the loudest (any such step where no run is
+    that long). A lone step is no onset: flite's awb opens six of the bench's phrases with
+    145 ms of hiss 40-52 dB down, one step of it at 40, where flite's own segment times put the
+    first phone at the end of it (docs/turn-taking.md)."""
     p = _frame_power(np.asarray(x, np.float32), rate, 0.005)
     top = float(p.max())
     if top <= 0:
         return 0.0, 0.0
-    loud = np.flatnonzero(p >= top * 10 ** (-below_peak_db / 10))
-    return float(loud[0]) * 0.005, float(loud[-1] + 1) * 0.005
+    loud = p >= top * 10 ** (-below_peak_db / 10)
+    n = max(1, int(round(min_run_s / 0.005)))
+    runs = np.flatnonzero(np.convolve(loud, np.ones(n), "valid") >= n) if loud.size >= n else np.zeros(0, int)
+    if runs.size:
+        return float(runs[0]) * 0.005, float(runs[-1] + n) * 0.005
+    steps = np.flatnonzero(loud)
+    return float(steps[0]) * 0.005, float(steps[-1] + 1) * 0.005
 
 
 def trim(x: np.ndarray, rate: int = RATE) -> np.ndarray:
