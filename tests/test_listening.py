@@ -427,6 +427,27 @@ def test_a_brief_overlap_is_looked_at_as_it_stops_before_its_decode():
     assert not d.of(LookAtOverlap)
 
 
+
+def test_after_a_look_that_heard_nothing_the_decode_at_the_silence_goes_first():
+    """A look at the silence would hear the same sound as the look just before it (Whisper hears
+    "Uh-huh." as nothing), and nothing heard decides nothing: the decode is queued at once."""
+    def over_the_bot(heard: str, frames_after: int) -> list:
+        d = Driver(endpointing=RulesPolicy()).frames("#" * 20 + ".").early().audio(0.9)
+        d.decoded("tell me a story").frames("." * 7).final("tell me a story").bot_speaks()
+        d.frames("#" * 10)  # 0.32 s: looked at
+        d.run(d.m.on_overlap_look(heard))
+        d.run(d.m.on_overlap_look_ended())
+        d.frames("#" * frames_after)
+        n = len(d.log)
+        d.frames(".")
+        return [type(c) for c in d.since(n) if isinstance(c, (LookAtOverlap, QueueEarlyDecode))]
+
+    assert over_the_bot("", 2) == [QueueEarlyDecode]
+    # words heard: the look goes first
+    assert over_the_bot("the what", 2) == [LookAtOverlap]
+    # the speech went on past the next look's worth of audio, and that look runs: the decode waits for it
+    assert over_the_bot("", 5) == []
+
 def test_words_that_cut_the_reply_at_a_silence_are_judged_as_the_end_of_a_turn():
     """The decode at the silence after "Wait, what is the capital of France?" cuts the reply;
     the same silence then ends the turn as any other (no waiting for the longest wait)."""

@@ -311,6 +311,28 @@ def test_side_talk_stays_no_turn_when_the_reply_ends_while_it_is_said_and_is_jud
     assert d.m.state == U and d.m.going_on and not any(isinstance(c, PauseReply) for c in d.log[-4:])
 
 
+
+def test_a_backchannel_over_a_reply_that_ends_meanwhile_is_no_turn_unless_the_reply_asked():
+    def hum_as_the_reply_ends(asked: bool, final: str):
+        d = speaking_bot(user_level=0.3)
+        d.frames("#" * 10, level=0.3)
+        assert d.m.on_overlap_words(d.t, "Mm-hmm.") == [ResumeReply(d.t, words_due=True)]
+        d.m.on_reply_finished(d.t, asked=asked)
+        d.frames("#" * 10 + "." * 8, level=0.3).eou(0.9)
+        assert d.kinds()[-1] == EndOfTurn and d.m.state == T
+        d.log += d.m.on_final(d.t, final)
+        return d
+
+    # "Mm-hmm." as the story ends: acknowledged, not answered
+    d = hum_as_the_reply_ends(asked=False, final="Mm-hmm.")
+    assert d.kinds()[-1] == DiscardTranscript and d.m.state == L
+    # "... Shall I go on?" with "Yeah." over its end: an answer, and answered
+    d = hum_as_the_reply_ends(asked=True, final="Yeah.")
+    assert d.kinds()[-1] == EndOfTurn and d.m.state == T
+    # words after it are a turn, asked or not
+    d = hum_as_the_reply_ends(asked=False, final="Mm-hmm, and then what?")
+    assert d.kinds()[-1] == EndOfTurn and d.m.state == T
+
 def test_a_name_a_look_heard_in_quieter_speech_keeps_it_side_talk_when_the_decodes_lose_it():
     # rms's "Kids, it's time to brush your teeth." 4.7 dB below the user, its sound not judged
     # away: the first look heard "kids", the next ones and the final did not

@@ -128,8 +128,10 @@ class Listener:
     async def reply_started(self) -> None:
         await self._carry_out(self.machine.on_reply_started(time.perf_counter()))
 
-    async def reply_finished(self) -> None:
-        await self._carry_out(self.machine.on_reply_finished(time.perf_counter()))
+    async def reply_finished(self, asked: bool = False) -> None:
+        """The reply ended (played, failed, or nothing left to resume); `asked`: its last words
+        asked the user something."""
+        await self._carry_out(self.machine.on_reply_finished(time.perf_counter(), asked))
 
     # ---- audio ------------------------------------------------------------------------------------
     async def on_audio(self, ev: AudioIn) -> None:

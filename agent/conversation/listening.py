@@ -34,10 +34,10 @@ The rules, and why:
   spent. The text turn model's read-ahead stops first: beside the decode both are slower.
 - Speech over the bot is looked at (`LookAtOverlap`, a quick decode of the words so far) while
   the turn machine wants it (`wants_overlap_words`), one look at a time, each on `look_every_s`
-  of new audio; and once as it stops, before its early decode, while the bot is paused for it:
-  a look takes a fraction of the decode's time, and a backchannel then goes on sooner. A
-  look's words never cut the reply: its window is short, and it hears words in quiet side talk
-  that the decode hears as none.
+  of new audio; and once as it stops, before its early decode, while the bot is paused for it
+  (unless the last look heard nothing): a look takes a fraction of the decode's time, and a
+  backchannel then goes on sooner. A look's words never cut the reply: its window is short, and
+  it hears words in quiet side talk that the decode hears as none.
 - Words that cut the reply at a silence (the early decode of speech over the bot) make it a
   turn of the user's own, whose end that silence then judges as any other's (else the
   interruption's question waited the policy's longest wait), unless they are only an
@@ -323,6 +323,7 @@ class ListenMachine:
         self._looking = False  # a look at the words of speech over the bot runs
         self._after_look: QueueEarlyDecode | None = None  # the early decode that waits for it
         self._looked_until = 0.0  # the stream time the last one heard up to
+        self._look_heard_nothing = False  # ... and it heard no words
         self._judged: tuple | None = None  # the turn machine's judgement by sound last traced
         self._reported = self.turns.state  # the state the session was last told of
 
@@ -396,9 +397,19 @@ class ListenMachine:
                 yield from self._ask_audio(t_speech_end)  # if the model was busy with an earlier silence
             yield from self._pause_transcript(t_speech_end, text)
 
+    def _heard_nothing_lately(self, t_speech_end: float) -> bool:
+        """The last look heard no words in the speech up to `look_every_s` before its end. Another
+        look at its silence would hear the same sound again, and nothing heard decides nothing: the
+        decode goes first. (Whisper hears flite's "Uh-huh." as nothing: on `duplex bench overlap`'s
+        backchannels none of 22 looks at such a silence heard a backchannel, and the look before
+        the decode made the bot's silence 0.43-0.58 s.)"""
+        return (not self._looking and self._look_heard_nothing
+                and self._looked_until >= t_speech_end - self.config.look_every_s - 1e-9)
+
     def on_overlap_look(self, text: str, echo: bool = False) -> Commands:
         """The words so far of the speech over the bot (`LookAtOverlap`); `echo`: they are the
         bot's own heard back (no words of the user's)."""
+        self._look_heard_nothing = echo or not any(ch.isalnum() for ch in text)
         for c in self.turns.on_overlap_words(self.t_audio, "" if echo else text):
             yield from self._carry(c)
         yield from self.report_state()
@@ -468,8 +479,8 @@ class ListenMachine:
         self.turns.on_reply_started(now)
         yield from self.report_state()
 
-    def on_reply_finished(self, now: float) -> Commands:
-        self.turns.on_reply_finished(now)
+    def on_reply_finished(self, now: float, asked: bool = False) -> Commands:
+        self.turns.on_reply_finished(now, asked)
         yield from self.report_state()
 
     def report_state(self) -> Commands:
@@ -487,7 +498,7 @@ class ListenMachine:
         elif isinstance(c, StartUtterance):
             self._early_decodes = 0
             self._early = self._early_text = None
-            self._looked_until = 0.0
+            self._looked_until, self._look_heard_nothing = 0.0, False
             self._after_look = None
             speech_so_far = self.t_audio - c.t_start
             t0 = max(0.0, self.t_audio - speech_so_far - self.config.turns.preroll_s)
@@ -499,7 +510,8 @@ class ListenMachine:
             yield Emit(UserStopped())
             until = min(c.t_speech_end + self.config.final_pad_s, self.t_audio)
             self._early = (c.t_speech_end, until)
-            if self.turns.overlap_undecided and self.config.turns.look_over_s is not None:
+            if (self.turns.overlap_undecided and self.config.turns.look_over_s is not None
+                    and not self._heard_nothing_lately(c.t_speech_end)):
                 # a look first (2-4 times quicker than the decode), and the decode after it (beside
                 # it, both are slower; and a quiet frame inside a word often ends the silence)
                 self._after_look = QueueEarlyDecode(c.t_speech_end, until)

@@ -467,6 +467,11 @@ class Reply:
         return self.tools is not None and bool(self.tools.steps)
 
     @property
+    def asks(self) -> bool:
+        """What was said to the end ends asking the user something."""
+        return self.spoken.rstrip(" \n\"')").endswith("?")
+
+    @property
     def ends_call(self) -> bool:
         """A tool (end_call) asked that the call end once this reply has been heard."""
         return self.tools is not None and self.tools.ends_call

@@ -357,7 +357,7 @@ class Session:
         if reply.ends_call or self._ending is reply:
             self._ending = reply
             self._end_task = asyncio.create_task(self._end_call_after(reply), name="end-call")
-        await self.listener.reply_finished()
+        await self.listener.reply_finished(asked=reply.asks)
         self._floor_changed()
         rec = self._turn_row(reply, kept)
         await self._send(BotDone(rec.index, rec.reply_text))

@@ -48,7 +48,8 @@ States::
   the silence and the final still cut it), and a look as the speech stops that hears a
   backchannel lets it go on before that decode. Words a decode hears in place of a backchannel a
   look heard, in speech no longer than one (`BACKCHANNEL_MAX_S`), do not cut it (`_disputed`)
-  unless they ask it to stop or wait.
+  unless they ask it to stop or wait. Backchannels begun over a reply that then ends are no turn
+  to answer unless its last words asked something (`on_reply_finished(asked=...)`).
   Speech over the bot quieter and more reverberant than the user's own turns (`turned_away`: said
   to someone else in the room) lets the reply go on while it is said or in the silence after it,
   before its decode, and its words cut it only if they ask it to stop or wait; so does quieter
@@ -369,6 +370,7 @@ class TurnMachine:
         self._user_peaks: deque[float] = deque(maxlen=8)  # the loudest frame of the user's last turns
         self._sound = SoundOfOverlaps()  # is the speech over the bot said away from the microphone?
         self._over_bot = False  # the current utterance began over the bot
+        self._reply_asked = False  # the last reply that finished ended asking something
 
     @property
     def judged(self) -> tuple[float, float, bool] | None:
@@ -615,8 +617,9 @@ class TurnMachine:
             if self.state == State.THINKING:  # else the user speaks again: that utterance decides
                 out += self._resume(t)
             return out
-        if not own and ended.over_bot and self._side_talk(text, away):
-            # said to someone else over the bot, whose reply ended meanwhile: no turn either
+        if not own and ended.over_bot and (self._side_talk(text, away) or self._acknowledged(text)):
+            # said to someone else over the bot, whose reply ended meanwhile, or a backchannel to
+            # a reply that ended without asking anything: no turn either
             if self.state == State.THINKING:
                 self._go(t, State.LISTENING)
             return [DiscardTranscript(t)]
@@ -643,8 +646,10 @@ class TurnMachine:
         elif self.state == State.THINKING:
             self._go(t, State.BOT_SPEAKING)
 
-    def on_reply_finished(self, t: float) -> None:
-        """The reply was fully played, or it failed: a paused one has nothing left to resume."""
+    def on_reply_finished(self, t: float, asked: bool = False) -> None:
+        """The reply was fully played, or it failed: a paused one has nothing left to resume.
+        `asked`: its last words asked the user something (a "yeah" said over them answers it)."""
+        self._reply_asked = asked
         if self.overlap_open:
             self._interrupted_at, self._going_on = None, False
             if self.state == State.INTERRUPTED:
@@ -781,6 +786,11 @@ class TurnMachine:
         other words up over a hum ("I am here", "I am a major"), not these; and a look at the first
         0.3 s of "Stop, stop. Wait ..." hears "Mm-hmm." in flite's kal and awb voices."""
         return opens_with_backchannel(text, self.config.backchannels) or bool(HOLD_WORDS.search(text))
+
+    def _acknowledged(self, text: str) -> bool:
+        """Only backchannels, said over a reply that has since ended without asking anything: the
+        user acknowledged it ("Mm-hmm." as a story ends), and a person would not answer that."""
+        return not self._reply_asked and only_backchannels(text, self.config.backchannels)
 
     def _interrupts(self, text: str, away: bool = False) -> int:
         """The words of speech over the bot that make it an interruption: none for backchannels
