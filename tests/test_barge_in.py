@@ -162,17 +162,21 @@ def test_a_backchannel_lets_the_reply_go_on_while_it_is_still_said():
 
 
 def test_words_after_the_reply_went_on_over_them_pause_it_again_and_cut_it():
-    d = speaking().frames("#" * 10)
-    start = next(c for c in d.log if isinstance(c, PauseReply)).t_speech_start
-    assert looks(d, "Okay,") == [ResumeReply(d.t, words_due=True)]
-    d.frames("#" * 6)
-    # "Okay, but what ...": words, as soon as two looks hear them
-    assert looks(d, "Okay, but", "Okay, but what") == [PauseReply(d.t, start)]
-    assert d.m.overlap_undecided and not d.m.going_on
-    d.frames("#" * 20 + "..")
-    stopped = d.log[-1]
-    assert d.m.on_early_words(d.t, "Okay, but what about the dragon?", stopped.t_speech_end) == [CancelReply(d.t)]
-    assert d.m.state == U  # a turn of its own, answered
+    # words going on from the backchannel ("Okay, but what ..."), and words that ask the bot to
+    # stop though a look heard a hum in their first syllable (a look at the first 0.3 s of
+    # "Stop, stop. Wait ..." hears "Mm-hmm." in flite's kal and awb)
+    for went_on, heard, said in (("Okay,", ("Okay, but", "Okay, but what"), "Okay, but what about the dragon?"),
+                                 ("Mm-hmm.", ("Stop, stop.", "Stop, stop. Wait"), "Stop, stop. Wait a moment please.")):
+        d = speaking().frames("#" * 10)
+        start = next(c for c in d.log if isinstance(c, PauseReply)).t_speech_start
+        assert looks(d, went_on) == [ResumeReply(d.t, words_due=True)]
+        d.frames("#" * 6)
+        assert looks(d, *heard) == [PauseReply(d.t, start)], went_on  # as soon as two looks hear them
+        assert d.m.overlap_undecided and not d.m.going_on
+        d.frames("#" * 20 + "..")
+        stopped = d.log[-1]
+        assert d.m.on_early_words(d.t, said, stopped.t_speech_end) == [CancelReply(d.t)]
+        assert d.m.state == U  # a turn of its own, answered
     # words the decode at the silence hears, after the looks heard none, cut it at once
     d = speaking().frames("#" * 10)
     looks(d, "Okay.")
@@ -597,19 +601,11 @@ async def test_a_hang_up_while_the_reply_is_paused_says_goodbye_and_keeps_what_w
 
 
 def test_words_that_ask_the_bot_to_stop_cut_it_though_a_look_heard_a_hum():
-    # a look at the first 0.3 s of "Stop, stop. Wait a moment please." hears "Mm-hmm." (flite's
-    # kal and awb): the looks after it that hear "stop" pause it again ...
-    d = speaking().frames("#" * 10)
-    start = next(c for c in d.log if isinstance(c, PauseReply)).t_speech_start
-    assert looks(d, "Mm-hmm.") == [ResumeReply(d.t, words_due=True)]
-    d.frames("#" * 6)
-    assert looks(d, "Stop, stop.", "Stop, stop. Wait") == [PauseReply(d.t, start)]
-    d.frames("#" * 10 + "..")
-    assert d.m.on_early_words(d.t, "Stop, stop. Wait a moment please.", d.log[-1].t_speech_end) == [CancelReply(d.t)]
-    # ... and with no look hearing them, the decode at its silence cuts it
+    # no look heard them (the looks after it also end at "Stop" and other words pause it again,
+    # above): the decode at its silence cuts it, in speech as long as a backchannel
     d = speaking().frames("#" * 10)
     looks(d, "Mm-hmm.")
-    d.frames("#" * 20 + "..")  # 0.96 s: as long as a backchannel
+    d.frames("#" * 20 + "..")  # 0.96 s
     assert d.m.on_early_words(d.t, "Stop, stop. Wait a moment please.", d.log[-1].t_speech_end) == [CancelReply(d.t)]
     assert d.m.state == U and not d.m.going_on
     # ... and so does the final of a brief one the reply went on after
