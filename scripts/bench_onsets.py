@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.bench import overlap as ov  # noqa: E402
-from agent.bench.quality import speak  # noqa: E402
+from agent.bench.quality import flite_speech_span, speak  # noqa: E402
 
 FLITE_VOICES = ("slt", "kal", "awb", "rms")
 
@@ -29,16 +28,6 @@ def phrases() -> list[str]:
     said |= set(ov.QUESTIONS) | set(ov.STORIES) | {q for q, _ in ov.INTERRUPTIONS}
     said |= set(ov.BACKCHANNELS) | set(ov.BACKGROUND) | set(ov.SIDE_TALK)
     return sorted(said)
-
-
-def flite_span(text: str, voice: str) -> tuple[float, float]:
-    """(end of the opening silence, start of the closing one), seconds, by flite's segment times."""
-    out = subprocess.run(["flite", "-voice", voice, "-psdur", "-t", text, "-o", "/dev/null"],
-                         capture_output=True, text=True, check=True).stdout.split()
-    segments = [(s.split(":")[0], float(s.split(":")[1])) for s in out if ":" in s]
-    onset = segments[0][1] if segments[0][0] == "pau" else 0.0
-    end = segments[-2][1] if segments[-1][0] == "pau" else segments[-1][1]
-    return onset, end
 
 
 def main() -> None:
@@ -52,7 +41,7 @@ def main() -> None:
     for voice in FLITE_VOICES:
         for text in phrases():
             pcm = speak(text, voice, work / "x.wav")
-            onset, end = flite_span(text, voice)
+            onset, end = flite_speech_span(text, voice)
             for r in args.min_run_s:
                 a, b = ov.speech_span(pcm, min_run_s=r)
                 off[r]["onset"].append(a - onset)

@@ -182,16 +182,12 @@ def test_a_lone_step_of_hiss_is_no_onset_and_a_soft_consonant_is():
 
 @pytest.mark.skipif(not flite_available(), reason="needs flite")
 def test_the_onset_is_where_flites_own_segment_times_put_the_first_phone(tmp_path):
-    import subprocess
-
-    from agent.bench.quality import speak
+    from agent.bench.quality import flite_speech_span, speak
 
     # (not kal's: its diphones open the silence with 65 ms of a 150-260 Hz sound 24-32 dB down)
     for voice, text in (("awb", "Wait, what is the capital of France?"), ("awb", "Yeah."),
                         ("rms", "Stop, what is the capital of Italy?"), ("slt", "Uh-huh.")):
-        segments = subprocess.run(["flite", "-voice", voice, "-psdur", "-t", text, "-o", "/dev/null"],
-                                  capture_output=True, text=True, check=True).stdout.split()
-        first_phone = float(segments[0].split(":")[1])  # the end of the silence flite opens with
+        first_phone, _ = flite_speech_span(text, voice)  # the end of the silence flite opens with
         onset, _ = ov.speech_span(speak(text, voice, tmp_path / "x.wav"))
         assert abs(onset - first_phone) <= 0.03, (voice, text, onset, first_phone)
 

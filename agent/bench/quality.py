@@ -136,6 +136,17 @@ def speak(text: str, voice: str, path: Path, piper=None) -> np.ndarray:
     return _dev_clip(path)
 
 
+def flite_speech_span(text: str, voice: str) -> tuple[float, float]:
+    """(end of the opening silence, start of the closing one), seconds, by flite's own segment
+    times for `text` in `voice` (`flite -psdur`): where `speak`'s speech begins and ends."""
+    out = subprocess.run(["flite", "-voice", voice, "-psdur", "-t", text, "-o", "/dev/null"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    segments = [(s.split(":")[0], float(s.split(":")[1])) for s in out if ":" in s]
+    onset = segments[0][1] if segments[0][0] == "pau" else 0.0
+    end = segments[-2][1] if segments[-1][0] == "pau" else segments[-1][1]
+    return onset, end
+
+
 @dataclass
 class Clip:
     name: str
