@@ -58,7 +58,7 @@ from asr.words import HeardWords
 from llm import bundled
 from llm.base import ChatModel, Message
 from tts.base import Synthesizer, known_text
-from tts.chunking import ends_sentence
+from tts.chunking import ends_sentence, has_words
 
 __all__ = ["DuplexLLMService", "DuplexSTTService", "DuplexTTSService", "DuplexTranscript", "word_times"]
 
@@ -264,7 +264,7 @@ class DuplexSTTService(EagerEndOfTurnSTTServiceMixin, STTService):
         else:  # a causal stream: what it has said so far, if it all is stable
             p = self._last_partial
             text = p.text.strip() if p is not None and p.stable_text.strip() == p.text.strip() else ""
-        if text and any(ch.isalnum() for ch in text) and ends_sentence(text):
+        if has_words(text) and ends_sentence(text):
             await self._push_eager_end_of_turn(text, user_id=self._user_id)
 
     async def _final_transcript(self, until: float, previous: asyncio.Task | None) -> None:
@@ -284,7 +284,7 @@ class DuplexSTTService(EagerEndOfTurnSTTServiceMixin, STTService):
         text, words = self._words.take(until)
         self._last_partial = None
         logger.debug(f"{self}: final transcript up to {until:.2f} s: [{text}]")
-        if not any(ch.isalnum() for ch in text):
+        if not has_words(text):
             await self._cancel_eager_end_of_turn()
             return
         self.confirm_finalize()

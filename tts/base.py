@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from tts.chunking import ends_sentence
+from tts.chunking import ends_sentence, has_words
 from tts.joins import trim_join
 
 log = logging.getLogger("duplex.tts")
@@ -72,7 +72,7 @@ class SentenceSynthesizer:
         continues = False  # the previous chunk stopped inside a sentence
         async for text in text_chunks:
             text = text.strip()
-            if not any(ch.isalnum() for ch in text):
+            if not has_words(text):
                 continue
             # trimmed so there is no hole where a sentence was cut; both in the worker thread
             try:

@@ -9,6 +9,11 @@ _CLAUSE_END = re.compile(rf"([{_CLAUSE_MARKS}]|\s-\s)(\s+)")
 _ABBREVIATIONS = {"mr.", "mrs.", "ms.", "dr.", "st.", "vs.", "e.g.", "i.e.", "etc.", "no."}
 
 
+def has_words(text: str) -> bool:
+    """The text holds a letter or digit: not empty, blank or punctuation alone."""
+    return any(ch.isalnum() for ch in text)
+
+
 def ends_sentence(text: str) -> bool:
     """The text ends with sentence punctuation (closing quotes and brackets allowed)."""
     return text.rstrip().rstrip("\"')]").endswith((".", "!", "?"))

@@ -72,7 +72,7 @@ from agent.conversation.turns import (
     StartUtterance, State, TurnConfig, TurnMachine, only_lead_words)
 from agent.tracing.trace import Ev
 from asr.base import Word
-from tts.chunking import ends_sentence
+from tts.chunking import ends_sentence, has_words
 
 
 # ---- what the listener tells the session ------------------------------------------------------
@@ -409,7 +409,7 @@ class ListenMachine:
     def on_overlap_look(self, text: str, echo: bool = False) -> Commands:
         """The words so far of the speech over the bot (`LookAtOverlap`); `echo`: they are the
         bot's own heard back (no words of the user's)."""
-        self._look_heard_nothing = echo or not any(ch.isalnum() for ch in text)
+        self._look_heard_nothing = echo or not has_words(text)
         for c in self.turns.on_overlap_words(self.t_audio, "" if echo else text):
             yield from self._carry(c)
         yield from self.report_state()
@@ -463,7 +463,7 @@ class ListenMachine:
         if any(isinstance(c, DiscardTranscript) and c.echo for c in commands):
             yield Note(Ev.ECHO, (("text", text), ("quiet", True)))
         # noise or backchannels over the bot are no turn to answer
-        keep = any(ch.isalnum() for ch in text) and not any(isinstance(c, DiscardTranscript) for c in commands)
+        keep = has_words(text) and not any(isinstance(c, DiscardTranscript) for c in commands)
         # a cancel or a resume first: the reply it decides on goes before a new one starts
         for c in commands:
             yield from self._carry(c)
@@ -552,7 +552,7 @@ class ListenMachine:
     def _pause_transcript(self, t_speech_end: float, text: str) -> Commands:
         """Offer the transcript to speculate on (the session decides whether) and judge whether
         it ends the turn. Only while the turn is open."""
-        if not self._open_turn() or not any(ch.isalnum() for ch in text):
+        if not self._open_turn() or not has_words(text):
             return
         if only_lead_words(text, self.config.turns.backchannels):
             return  # "Hold on," alone: the user goes on; the turn waits the policy's longest

@@ -160,6 +160,7 @@ from typing import NamedTuple
 from agent.conversation.addressing import HOLD_WORDS, addressed_elsewhere, may_call_someone
 from agent.conversation.endpointing import CombinedPolicy, EndOfTurnPolicy, Features
 from agent.conversation.turned_away import SoundOfOverlaps, TurnedAway
+from tts.chunking import has_words
 
 
 # the sounds people make over a speaker to show they listen, and fillers, however a recognizer
@@ -180,12 +181,12 @@ def interrupting_words(text: str, backchannels: tuple[str, ...] = ()) -> int:
     text = SOUND_TAGS.sub(" ", text)
     words = (re.sub(r"[^\w']", "", w).lower() for w in text.split())
     return sum(1 for w in words
-               if any(ch.isalnum() for ch in w) and not NONLEXICAL.fullmatch(w) and w not in backchannels)
+               if has_words(w) and not NONLEXICAL.fullmatch(w) and w not in backchannels)
 
 
 def only_backchannels(text: str, backchannels: tuple[str, ...] = ()) -> bool:
     """`text` holds words, and all of them are non-lexical sounds or `backchannels`."""
-    return any(ch.isalnum() for ch in text) and interrupting_words(text, backchannels) == 0
+    return has_words(text) and interrupting_words(text, backchannels) == 0
 
 
 def opens_with_backchannel(text: str, backchannels: tuple[str, ...] = ()) -> bool:
@@ -627,7 +628,7 @@ class TurnMachine:
             self._user_peaks.append(peak)  # the user's own voice, as this line delivers it
             self._sound.user_turn(ended.fall)
         if (self.state == State.THINKING and self._interrupted_at is None
-                and not any(ch.isalnum() for ch in text)):
+                and not has_words(text)):
             self._go(t, State.LISTENING)  # noise, with no reply to go back to
         return []
 
@@ -766,7 +767,7 @@ class TurnMachine:
         no sign: a look hears none in a caller's "Wait, wait. Stop ..." over a phone line, in turns
         with "Wait"."""
         c = self.config
-        if not any(ch.isalnum() for ch in text):
+        if not has_words(text):
             return None
         if (c.side_talk and may_call_someone(text, c.own_names)) or self._side_talk(text, self._away):
             return True
