@@ -144,7 +144,7 @@ class Utterances(Protocol):
         """Final-quality text of the utterance up to `until_s`, without emitting it (a pause:
         speculation). A later `flush(until_s)` over the same audio reuses the result. `quick`:
         the caller waits on these words (speech over the bot), so no slower second look at an
-        unsure decode."""
+        unsure decode, and a recognizer may search less for a brief one."""
 
     async def words_so_far(self, until_s: float) -> str:
         """A quick look at the text of the utterance up to `until_s` while it is still said

@@ -37,7 +37,7 @@ few. A final whose average log-prob is below `unsure_logprob` is decoded again o
 window and the surer answer is kept (by `unsure_margin`, so that a near tie keeps the short
 window's, which is the better on the dev set). Only unsure finals pay the full window's time,
 most of it in the pause as above; speech over the bot, whose words the listener waits on to cut
-or resume the reply, is not asked again (`UtteranceDecoder.decode(recheck=False)`).
+or resume the reply, is not asked again, and is greedy when brief (`UtteranceDecoder.decode(quick=True)`).
 `--asr-recheck never` turns it off.
 
 `scripts/whisper_settings.py` re-measures dev WER, flite questions and final decode time for
@@ -118,6 +118,11 @@ class WhisperOptions:
     # window, and that answer is kept when it is surer by `unsure_margin` (None: never).
     unsure_logprob: float | None = RECHECK_LOGPROB
     unsure_margin: float = 0.1
+    # A quick decode (speech over the paused bot, whose words decide now) of no more audio than
+    # this is greedy: the beam hears a backchannel or a short word no better (flite's, offline:
+    # 29 of 30 backchannels heard as such and 76 of 78 short words as words, against 30 and 74
+    # with the beam) and costs ~25 ms of the silence before the bot goes on (None: the beam).
+    quick_greedy_s: float | None = 1.2
 
 
 class WhisperRecognizer:
@@ -396,17 +401,20 @@ class UtteranceDecoder:
         self._previous = words
         return Hypothesis(text=text, final=False, stable_text=" ".join(self._committed))
 
-    def decode(self, n_samples: int | None = None, recheck: bool = True) -> Hypothesis:
+    def decode(self, n_samples: int | None = None, quick: bool = False) -> Hypothesis:
         """Final-quality decode (with word times) of the first `n_samples` of the utterance,
-        without ending it (`recheck`: an unsure one is asked again, `WhisperOptions.unsure_logprob`).
-        The result is cached: `finalize` over the same audio reuses it, so a speculative decode
-        at a pause makes the final free when nothing was said after it."""
+        without ending it; an unsure one is asked again (`WhisperOptions.unsure_logprob`) unless
+        `quick`, which is also greedy when brief (`quick_greedy_s`). The result is cached:
+        `finalize` over the same audio reuses it, so a speculative decode at a pause makes the
+        final free when nothing was said after it."""
         n = self._n if n_samples is None else max(0, min(int(n_samples), self._n))
         if self._cached is not None and self._cached[0] == n:
             return self._cached[1]
         rec = self.recognizer
+        greedy = rec.options.quick_greedy_s
+        beam = 1 if quick and greedy is not None and n <= greedy * SPEECH_RATE else rec.final_beam_size
         text, words = rec.transcribe(self._buf[:n], word_timestamps=True,  # type: ignore[misc]
-                                     beam_size=rec.final_beam_size, final=recheck,
+                                     beam_size=beam, final=not quick,
                                      pad_s=rec.options.final_window_pad_s)
         off = self.offset_s
         hyp = Hypothesis(text=text, words=tuple(Word(w.text, w.start + off, w.end + off) for w in words),

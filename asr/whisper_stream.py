@@ -121,7 +121,7 @@ class WhisperAdapterStream:
     async def decode_early(self, until_s: float, quick: bool = False) -> Hypothesis:
         if self._utt_start is None:
             return Hypothesis("", final=True)
-        return await self._decode(until_s, final=False, recheck=not quick)
+        return await self._decode(until_s, final=False, quick=quick)
 
     async def words_so_far(self, until_s: float) -> str:
         if self._utt_start is None:
@@ -166,14 +166,14 @@ class WhisperAdapterStream:
             self._last_partial = hyp.text
             await self._events.put(Partial(hyp.text, hyp.stable_text))
 
-    async def _decode(self, until_s: float, final: bool, recheck: bool = True) -> Hypothesis:
+    async def _decode(self, until_s: float, final: bool, quick: bool = False) -> Hypothesis:
         self._urgent += 1
         self._finals += final
         try:
             async with self._lock:
                 self._sync()
                 n = int(round(until_s * SPEECH_RATE)) - (self._utt_start or 0)
-                hyp = await self._run(self._decoder.decode, n, recheck)
+                hyp = await self._run(self._decoder.decode, n, quick)
                 if final:
                     self._last_partial = ""
                     if self._next_start is not None:  # the next utterance began while this one ended

@@ -62,7 +62,7 @@ def test_a_decode_told_not_to_recheck_is_decoded_once_however_unsure(whisper, qu
     try:
         dec = rec.open_decoder()
         dec.push(question)
-        dec.decode(recheck=False)
+        dec.decode(quick=True)
     finally:
         del whisper.model.encode
     assert len(seen) == 1 and seen[0] < FULL

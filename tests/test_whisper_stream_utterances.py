@@ -100,7 +100,7 @@ def test_a_look_stops_after_its_first_tokens_and_a_decode_does_not(recognizer, t
     whisper = recognizer.whisper
     decoder = UtteranceDecoder(whisper)
     decoder.push(x)
-    whole = _words(decoder.decode(x.size, recheck=False).text)
+    whole = _words(decoder.decode(x.size, quick=True).text)
     look = _words(decoder.glance(x.size))
     assert whisper.options.glance_max_tokens is not None and 2 <= len(look) < len(whole) and look == whole[:len(look)], (look, whole)
     options = whisper.options
