@@ -411,8 +411,8 @@ class UtteranceDecoder:
         if self._cached is not None and self._cached[0] == n:
             return self._cached[1]
         rec = self.recognizer
-        greedy = rec.options.quick_greedy_s
-        beam = 1 if quick and greedy is not None and n <= greedy * SPEECH_RATE else rec.final_beam_size
+        brief_s = rec.options.quick_greedy_s
+        beam = 1 if quick and brief_s is not None and n <= brief_s * SPEECH_RATE else rec.final_beam_size
         text, words = rec.transcribe(self._buf[:n], word_timestamps=True,  # type: ignore[misc]
                                      beam_size=beam, final=not quick,
                                      pad_s=rec.options.final_window_pad_s)
