@@ -7,6 +7,7 @@ the user says turned away from the microphone (6 dB quieter, in a room's reverbe
 on while said and is not answered; the same words as quiet, said into the microphone, cut it
 (`TurnConfig.turned_away`)."""
 import asyncio
+import math
 
 import numpy as np
 import pytest
@@ -114,3 +115,93 @@ def test_the_same_request_as_quiet_said_into_the_microphone_cuts_the_story(tmp_p
     session, tracer = run(tmp_path, turned_away(tmp_path, room=False))
     assert session.records[0].interrupted
     assert [m["role"] for m in session.history][:3] == ["user", "assistant", "user"], "it was not taken as a turn"
+
+
+
+def silence_over(user: np.ndarray, over: np.ndarray, noise_db: float) -> float | None:
+    """`user` (a turn of theirs, answered), then `over` said over the bot, with a noise floor of
+    `noise_db`, through Silero and the turn machine, each 32 ms frame with its level and its two
+    16 ms steps' as the listener feeds them: seconds from the bot pausing for `over` to its
+    reply going on by the sound (inf: it did not go on while `over` was said; None: it never paused)."""
+    from agent.conversation.overlap import BALANCED
+    from agent.conversation.turns import PauseReply, ResumeReply, State, TurnConfig, TurnMachine
+    from asr.vad import FRAME, SileroVAD
+
+    x = np.concatenate([silence(0.3), user, silence(2.5), over, silence(0.3)])
+    x = (x + np.random.default_rng(0).standard_normal(x.size) * 10 ** (noise_db / 20)).astype(np.float32)
+    start = 0.3 + user.size / 16000 + 2.5
+    probs = SileroVAD().new_stream()(x)
+    steps = np.sqrt(np.mean(np.square(x[:len(probs) * FRAME].reshape(-1, FRAME // 2), dtype=np.float64), axis=1))
+    m = TurnMachine(BALANCED.apply(TurnConfig()))
+    paused = None
+    for k, p in enumerate(probs):
+        t = (k + 1) * FRAME / 16000
+        pair = (float(steps[2 * k]), float(steps[2 * k + 1]))
+        commands = m.on_vad(t, p, FRAME / 16000, float(np.sqrt(np.mean(np.square(pair)))), pair)
+        if t < start and m.state == State.ENDPOINT_PENDING:
+            commands += m.on_eou(t, 0.95)
+        if t < start and m.state == State.THINKING:
+            m.on_final(t, "the user's turn")
+            m.on_reply_started(t)
+        if t >= start and paused is None and any(isinstance(c, PauseReply) for c in commands):
+            paused = t
+        if paused is not None and any(isinstance(c, ResumeReply) for c in commands):
+            return t - paused
+    return None if paused is None else math.inf
+
+
+def test_side_talk_a_room_draws_out_with_no_syllable_end_costs_half_a_second_of_silence(tmp_path):
+    # `duplex bench overlap`'s side talk in kal's voice: "Could you hand me that pen?" runs on
+    # voiced, and said away the room left no syllable's end in its first second: the bot was
+    # silent a second and more (`TurnedAway.unbroken_s`)
+    from agent.bench.overlap import Voices, make_item
+
+    voices = Voices(tmp_path)
+    for seed in range(3):
+        item = make_item("side_talk", 6, seed, voices)
+        assert item.voice == "kal" and "pen" in item.overlap_text
+        silent = silence_over(item.first, item.overlap, item.noise_db)
+        assert silent is not None and silent < 0.55, (seed, silent)
+    # the same words as quiet said into the microphone: the bot waits for them
+    said = voices(item.overlap_text, item.voice)
+    assert silence_over(item.first, said * (np.abs(item.overlap).max() / np.abs(said).max()), item.noise_db) == math.inf
+
+
+def test_real_speech_into_a_microphone_ends_a_syllable_within_the_unbroken_wait():
+    # the dev recordings (people reading, into a microphone): each has ended a syllable (a fall
+    # within 128 ms at least `end_ratio` of the median sharpest fall of them all) within
+    # `TurnedAway.unbroken_s` of its first speech frame, so that a quiet turn of the user's is not
+    # taken for side talk for running on voiced ("had he married a more amiable woman" ends its
+    # first between 0.57 and 0.6 s)
+    import statistics
+
+    import soundfile as sf
+
+    from agent.conversation.turned_away import STEP_S, SharpestFall, TurnedAway
+    from asr.vad import FRAME, SileroVAD
+    from helpers import DEV
+    from transport.audio import resample
+
+    c = TurnedAway()
+    vad = SileroVAD()
+    sharpest, ended_by = [], []
+    for path in sorted(DEV.glob("*.wav")):
+        x, rate = sf.read(path, dtype="float32")
+        x = resample(x if x.ndim == 1 else x.mean(axis=1), rate, 16000)
+        probs = vad.new_stream()(x)
+        first = next(k for k, p in enumerate(probs) if p >= 0.5)
+        steps = np.sqrt(np.mean(np.square(x[:len(probs) * FRAME].reshape(-1, FRAME // 2), dtype=np.float64), axis=1))
+        fall = SharpestFall()
+        for rms in steps[:2 * first]:
+            fall.feed(float(rms))
+        fall.restart()
+        ends = []
+        for rms in steps[2 * first:]:
+            fall.feed(float(rms))
+            ends.append(fall.end_db)
+        sharpest.append(fall.db)
+        ended_by.append((path.name, ends[round(c.unbroken_s / STEP_S) - 1]))
+    reference = statistics.median(sharpest)
+    assert len(ended_by) >= 10
+    for name, end_db in ended_by:
+        assert end_db >= c.end_ratio * reference, (name, round(end_db / reference, 2))

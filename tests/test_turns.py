@@ -247,6 +247,26 @@ def test_speech_over_the_bot_quieter_and_more_reverberant_than_the_user_is_side_
     assert d.kinds()[-1] == CancelReply and d.m.state == T
 
 
+def test_quieter_speech_over_the_bot_that_ends_no_syllable_for_0_6_s_is_side_talk():
+    # said away in a room that draws every syllable's end out (falls of 12 dB within 128 ms where
+    # the user's turn fell 50 dB): no syllable's end to judge its falls by, and by 0.6 s of it
+    # that is itself the room's sign (`TurnedAway.unbroken_s`)
+    d = speaking_bot(user_level=0.3)
+    n = len(d.log)
+    d.frames("#~" * 9, level=0.2)  # 0.58 s
+    assert d.kinds()[n:] == [PauseReply, StartUtterance] and d.m.overlap_undecided
+    d.frames("#", level=0.2)  # 0.61 s
+    assert d.log[-1] == ResumeReply(d.t, words_due=True) and d.m.going_on
+    # as quiet, said into the microphone: a syllable ends in a sharp fall, and it stays paused
+    d = speaking_bot(user_level=0.3)
+    d.frames("#~" * 4 + "#_" + "#~" * 10, level=0.2)
+    assert d.m.overlap_undecided and not d.m.going_on
+    # ... as does the same unbroken speech at the user's own level
+    d = speaking_bot(user_level=0.3)
+    d.frames("#~" * 15, level=0.3)
+    assert d.m.overlap_undecided and not d.m.going_on
+
+
 def test_side_talk_stays_no_turn_when_the_reply_ends_while_it_is_said_and_is_judged_at_a_silence():
     # by its sound: the story ends while the user still talks to someone else
     d = speaking_bot(user_level=0.3)

@@ -8,7 +8,7 @@ tail about as loud as each other, RT60 0.3-0.5 s) draws the same fall out over 1
 and the level drops 3-10 dB. `SharpestFall` measures an utterance's largest fall within 32 ms
 and within 128 ms; a fall is judged only once a syllable has ended (the 128 ms fall at least
 half the user's sharpest): voiced speech can run for half a second with no fall at all, and no
-fall is no sign of a room. Every figure is judged against the user's own turns, so that the
+fall that early is no sign of a room; none in 0.6 s of speech is (`TurnedAway.unbroken_s`). Every figure is judged against the user's own turns, so that the
 microphone, the voice, its usual level and the room's usual reverberation cancel out; with no
 turn of the user's heard yet nothing is judged. Levels are floored at `FLOOR_DB`.
 
@@ -77,15 +77,25 @@ class TurnedAway:
     # a fall is judged only once a syllable has ended (a fall over `END_STEPS` this share of the
     # user's sharpest): "Can you close ..." runs on voiced for half a second with no fall at all
     end_ratio: float = 0.5
+    # ... and speech that has gone on this long (seconds of it) with no syllable's end at all is
+    # reverberant too: the room draws every end out. Said into the microphone, speech has ended
+    # one by then: every interruption of the bench's voices by 0.6 s (0.85 of the user's
+    # sharpest fall and more), and each of the dev recordings (0.61 and more; one was at 0.49
+    # at 0.5 s); kal's "Could you hand me that pen" said away reached 0.22-0.38 in its first second,
+    # and waited a second and more for a syllable's end (None: only a syllable's end decides)
+    unbroken_s: float | None = 0.6
 
     def judge(self, peak: float, fall: SharpestFall, user_peak: float, user_fall_db: float,
-              still_away: bool = False) -> bool:
+              still_away: bool = False, spoken_s: float = 0.0) -> bool:
         """`peak`, `user_peak`: RMS of the loudest frames; `fall`: the speech's falls,
         `user_fall_db`: the user's sharpest; `still_away`: speech judged away ended less than
-        `carry_s` before this began."""
+        `carry_s` before this began; `spoken_s`: how long the speech has gone on."""
         if user_fall_db <= 0.0:
             return False
-        reverberant = self.syllable_ended(fall, user_fall_db) and fall.db <= self.fall_ratio * user_fall_db
+        if self.syllable_ended(fall, user_fall_db):
+            reverberant = fall.db <= self.fall_ratio * user_fall_db
+        else:
+            reverberant = self.unbroken_s is not None and spoken_s >= self.unbroken_s - 1e-9
         return self.quieter(peak, user_peak) and (still_away or reverberant)
 
     def quieter(self, peak: float, user_peak: float) -> bool:
@@ -124,14 +134,14 @@ class SoundOfOverlaps:
         if fall_db > 0.0:
             self._user_falls.append(fall_db)
 
-    def judge(self, c: TurnedAway, peak: float, user_peak: float, start: float) -> bool:
-        """Judge the utterance begun at stream time `start` so far; `peak`, `user_peak`: its
-        loudest frame and the user's turns' (RMS)."""
+    def judge(self, c: TurnedAway, peak: float, user_peak: float, start: float, spoken_s: float) -> bool:
+        """Judge the utterance begun at stream time `start` so far (`spoken_s` of it); `peak`,
+        `user_peak`: its loudest frame and the user's turns' (RMS)."""
         if self.away or user_peak <= 0.0 or not self._user_falls:
             return self.away
         user_fall = statistics.median(self._user_falls)
         still = self._away_ended is not None and start - self._away_ended <= c.carry_s
-        self.away = c.judge(peak, self.fall, user_peak, user_fall, still)
+        self.away = c.judge(peak, self.fall, user_peak, user_fall, still, spoken_s)
         if (self.judged is None and c.syllable_ended(self.fall, user_fall)) or self.away:
             self.judged = (round(level_db(peak) - level_db(user_peak), 1), round(self.fall.db / user_fall, 2), self.away)
         return self.away

@@ -591,7 +591,7 @@ class TurnMachine:
         if (not self.overlap_open or self.in_speech or t_speech_end != self._last_speech_end
                 or self.state not in (State.INTERRUPTED, State.ENDPOINT_PENDING)):
             return []
-        self._judge_turned_away()  # "Hey," then a breath: the fall into that silence tells too
+        self._judge_turned_away(t)  # "Hey," then a breath: the fall into that silence tells too
         if (self._interrupts(text, self._away) and not self._below_the_user(self._peak_level)
                 and not self._disputed(text, self._last_speech_end - self._utterance_start)):
             if self.config.side_talk and may_call_someone(text, self.config.own_names):
@@ -748,19 +748,20 @@ class TurnMachine:
         more unless they ask the bot to stop or wait."""
         c = self.config.turned_away
         if (c is None or self._away or self.state not in (State.INTERRUPTED, State.USER_SPEAKING, State.ENDPOINT_PENDING)
-                or t - self._utterance_start < c.after_s - 1e-9 or not self._judge_turned_away()):
+                or t - self._utterance_start < c.after_s - 1e-9 or not self._judge_turned_away(t)):
             return []  # (judged away before: its words have paused it again since, or a look let it go on)
         if self._going_on:  # a look let it go on already
             return []
         self._interrupted_at, self._going_on = None, True
         return [ResumeReply(t, words_due=True)]
 
-    def _judge_turned_away(self) -> bool:
-        """Judge the speech over the bot so far (once it is judged away, it stays so)."""
+    def _judge_turned_away(self, t: float) -> bool:
+        """Judge the speech over the bot up to stream time `t` (once it is judged away, it stays so)."""
         c = self.config.turned_away
         if c is None or not self.overlap_open or not self._user_peaks:
             return self._away
-        return self._sound.judge(c, self._peak_level, self._user_level, self._utterance_start)
+        spoken = (t if self.in_speech else self._last_speech_end) - self._utterance_start
+        return self._sound.judge(c, self._peak_level, self._user_level, self._utterance_start, spoken)
 
     def _lets_go_on(self, text: str) -> bool | None:
         """The words so far of speech over the bot let it go on (None: no words heard). No words is
