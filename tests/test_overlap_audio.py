@@ -118,6 +118,16 @@ def test_the_same_request_as_quiet_said_into_the_microphone_cuts_the_story(tmp_p
 
 
 
+def scored(x: np.ndarray, vad=None) -> tuple[list[float], np.ndarray]:
+    """Silero's probability for each 32 ms frame of `x` (16 kHz), and the RMS of each frame's two
+    16 ms steps (`turned_away.STEP_S`), as the listener reads them from its audio ring."""
+    from asr.vad import FRAME, SileroVAD
+
+    probs = (vad or SileroVAD()).new_stream()(x)
+    steps = np.sqrt(np.mean(np.square(x[:len(probs) * FRAME].reshape(-1, FRAME // 2), dtype=np.float64), axis=1))
+    return probs, steps
+
+
 def silence_over(user: np.ndarray, over: np.ndarray, noise_db: float) -> float | None:
     """`user` (a turn of theirs, answered), then `over` said over the bot, with a noise floor of
     `noise_db`, through Silero and the turn machine, each 32 ms frame with its level and its two
@@ -125,13 +135,12 @@ def silence_over(user: np.ndarray, over: np.ndarray, noise_db: float) -> float |
     reply going on by the sound (inf: it did not go on while `over` was said; None: it never paused)."""
     from agent.conversation.overlap import BALANCED
     from agent.conversation.turns import PauseReply, ResumeReply, State, TurnConfig, TurnMachine
-    from asr.vad import FRAME, SileroVAD
+    from asr.vad import FRAME
 
     x = np.concatenate([silence(0.3), user, silence(2.5), over, silence(0.3)])
     x = (x + np.random.default_rng(0).standard_normal(x.size) * 10 ** (noise_db / 20)).astype(np.float32)
     start = 0.3 + user.size / 16000 + 2.5
-    probs = SileroVAD().new_stream()(x)
-    steps = np.sqrt(np.mean(np.square(x[:len(probs) * FRAME].reshape(-1, FRAME // 2), dtype=np.float64), axis=1))
+    probs, steps = scored(x)
     m = TurnMachine(BALANCED.apply(TurnConfig()))
     paused = None
     for k, p in enumerate(probs):
@@ -178,7 +187,7 @@ def test_real_speech_into_a_microphone_ends_a_syllable_within_the_unbroken_wait(
     import soundfile as sf
 
     from agent.conversation.turned_away import STEP_S, SharpestFall, TurnedAway
-    from asr.vad import FRAME, SileroVAD
+    from asr.vad import SileroVAD
     from helpers import DEV
     from transport.audio import resample
 
@@ -188,9 +197,8 @@ def test_real_speech_into_a_microphone_ends_a_syllable_within_the_unbroken_wait(
     for path in sorted(DEV.glob("*.wav")):
         x, rate = sf.read(path, dtype="float32")
         x = resample(x if x.ndim == 1 else x.mean(axis=1), rate, 16000)
-        probs = vad.new_stream()(x)
+        probs, steps = scored(x, vad)
         first = next(k for k, p in enumerate(probs) if p >= 0.5)
-        steps = np.sqrt(np.mean(np.square(x[:len(probs) * FRAME].reshape(-1, FRAME // 2), dtype=np.float64), axis=1))
         fall = SharpestFall()
         for rms in steps[:2 * first]:
             fall.feed(float(rms))
