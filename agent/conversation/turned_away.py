@@ -8,9 +8,10 @@ tail about as loud as each other, RT60 0.3-0.5 s) draws the same fall out over 1
 and the level drops 3-10 dB. `SharpestFall` measures an utterance's largest fall within 32 ms
 and within 128 ms; a fall is judged only once a syllable has ended (the 128 ms fall at least
 half the user's sharpest): voiced speech can run for half a second with no fall at all, and no
-fall that early is no sign of a room; none in 0.6 s of speech is (`TurnedAway.unbroken_s`). Every figure is judged against the user's own turns, so that the
-microphone, the voice, its usual level and the room's usual reverberation cancel out; with no
-turn of the user's heard yet nothing is judged. Levels are floored at `FLOOR_DB`.
+fall that early is no sign of a room; none in 0.6 s of speech is (`TurnedAway.unbroken_s`).
+Every figure is judged against the user's own turns, so that the microphone, the voice, its
+usual level and the room's usual reverberation cancel out; with no turn of the user's heard yet
+nothing is judged. Levels are floored at `FLOOR_DB`.
 
 On `duplex bench overlap`'s audio (flite's and Piper's voices, the side talk 3-6 dB below the
 user with a synthetic room, RT60 0.3-0.5 s), fed as the listener feeds it (Silero's frames, the
