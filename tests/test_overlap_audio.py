@@ -117,15 +117,18 @@ def test_the_same_request_as_quiet_said_into_the_microphone_cuts_the_story(tmp_p
     assert [m["role"] for m in session.history][:3] == ["user", "assistant", "user"], "it was not taken as a turn"
 
 
-
-def scored(x: np.ndarray, vad=None) -> tuple[list[float], np.ndarray]:
-    """Silero's probability for each 32 ms frame of `x` (16 kHz), and the RMS of each frame's two
-    16 ms steps (`turned_away.STEP_S`), as the listener reads them from its audio ring."""
-    from asr.vad import FRAME, SileroVAD
+def scored(x: np.ndarray, vad=None) -> tuple[list[float], list[float], list[float]]:
+    """Silero's probability for each 32 ms frame of `x` (16 kHz), each frame's level and the
+    levels of its `turned_away.STEP_S` steps, read from an audio ring as the listener reads them."""
+    from agent.conversation.listener import STEPS_PER_FRAME, VAD_FRAME
+    from asr.ring import AudioRing, merged_levels
+    from asr.vad import SileroVAD
 
     probs = (vad or SileroVAD()).new_stream()(x)
-    steps = np.sqrt(np.mean(np.square(x[:len(probs) * FRAME].reshape(-1, FRAME // 2), dtype=np.float64), axis=1))
-    return probs, steps
+    ring = AudioRing(x.size)
+    ring.push(x)
+    steps = ring.window_levels(len(probs) * STEPS_PER_FRAME, VAD_FRAME // STEPS_PER_FRAME, VAD_FRAME)
+    return probs, merged_levels(steps, STEPS_PER_FRAME), steps
 
 
 def silence_over(user: np.ndarray, over: np.ndarray, noise_db: float) -> float | None:
@@ -133,20 +136,19 @@ def silence_over(user: np.ndarray, over: np.ndarray, noise_db: float) -> float |
     `noise_db`, through Silero and the turn machine, each 32 ms frame with its level and its two
     16 ms steps' as the listener feeds them: seconds from the bot pausing for `over` to its
     reply going on by the sound (inf: it did not go on while `over` was said; None: it never paused)."""
+    from agent.conversation.listener import STEPS_PER_FRAME, VAD_FRAME_S
     from agent.conversation.overlap import BALANCED
     from agent.conversation.turns import PauseReply, ResumeReply, State, TurnConfig, TurnMachine
-    from asr.vad import FRAME
 
     x = np.concatenate([silence(0.3), user, silence(2.5), over, silence(0.3)])
     x = (x + np.random.default_rng(0).standard_normal(x.size) * 10 ** (noise_db / 20)).astype(np.float32)
     start = 0.3 + user.size / 16000 + 2.5
-    probs, steps = scored(x)
+    probs, levels, steps = scored(x)
     m = TurnMachine(BALANCED.apply(TurnConfig()))
     paused = None
     for k, p in enumerate(probs):
-        t = (k + 1) * FRAME / 16000
-        pair = (float(steps[2 * k]), float(steps[2 * k + 1]))
-        commands = m.on_vad(t, p, FRAME / 16000, float(np.sqrt(np.mean(np.square(pair)))), pair)
+        t = (k + 1) * VAD_FRAME_S
+        commands = m.on_vad(t, p, VAD_FRAME_S, levels[k], tuple(steps[k * STEPS_PER_FRAME:(k + 1) * STEPS_PER_FRAME]))
         if t < start and m.state == State.ENDPOINT_PENDING:
             commands += m.on_eou(t, 0.95)
         if t < start and m.state == State.THINKING:
@@ -186,26 +188,28 @@ def test_real_speech_into_a_microphone_ends_a_syllable_within_the_unbroken_wait(
 
     import soundfile as sf
 
+    from agent.conversation.listener import STEPS_PER_FRAME
     from agent.conversation.turned_away import STEP_S, SharpestFall, TurnedAway
+    from agent.conversation.turns import TurnConfig
     from asr.vad import SileroVAD
     from helpers import DEV
     from transport.audio import resample
 
-    c = TurnedAway()
+    c, speech = TurnedAway(), TurnConfig().speech_threshold
     vad = SileroVAD()
     sharpest, ended_by = [], []
     for path in sorted(DEV.glob("*.wav")):
         x, rate = sf.read(path, dtype="float32")
         x = resample(x if x.ndim == 1 else x.mean(axis=1), rate, 16000)
-        probs, steps = scored(x, vad)
-        first = next(k for k, p in enumerate(probs) if p >= 0.5)
+        probs, _, steps = scored(x, vad)
+        first = next(k for k, p in enumerate(probs) if p >= speech) * STEPS_PER_FRAME
         fall = SharpestFall()
-        for rms in steps[:2 * first]:
-            fall.feed(float(rms))
+        for rms in steps[:first]:
+            fall.feed(rms)
         fall.restart()
         ends = []
-        for rms in steps[2 * first:]:
-            fall.feed(float(rms))
+        for rms in steps[first:]:
+            fall.feed(rms)
             ends.append(fall.end_db)
         sharpest.append(fall.db)
         ended_by.append((path.name, ends[round(c.unbroken_s / STEP_S) - 1]))

@@ -483,7 +483,7 @@ class TurnMachine:
                 self._resumable = False  # they went on after a short silence: drop its speculation
                 out.append(SpeechResumed(t))
             if t - self._utterance_start >= c.max_utterance_s:
-                out += self._end_turn(t, t if self.in_speech else self._last_speech_end)
+                out += self._end_turn(t, self._speech_end_by(t))
                 return out
             if self._stop_run >= c.decode_after_s and not self._stopped:
                 self._stopped = True
@@ -760,8 +760,12 @@ class TurnMachine:
         c = self.config.turned_away
         if c is None or not self.overlap_open or not self._user_peaks:
             return self._away
-        spoken = (t if self.in_speech else self._last_speech_end) - self._utterance_start
+        spoken = self._speech_end_by(t) - self._utterance_start
         return self._sound.judge(c, self._peak_level, self._user_level, self._utterance_start, spoken)
+
+    def _speech_end_by(self, t: float) -> float:
+        """Where the speech heard by stream time `t` ends: `t` while it goes on."""
+        return t if self.in_speech else self._last_speech_end
 
     def _lets_go_on(self, text: str) -> bool | None:
         """The words so far of speech over the bot let it go on (None: no words heard). No words is
